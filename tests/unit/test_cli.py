@@ -1,0 +1,29 @@
+import subprocess
+import sys
+
+import pytest
+
+from tir_rl.cli import build_parser, main
+
+
+def test_help_lists_every_command():
+    text = build_parser().format_help()
+    for command in ("train", "eval", "rollout", "doctor", "sandbox", "models"):
+        assert command in text
+
+
+def test_console_script_help_runs():
+    out = subprocess.run(
+        [sys.executable, "-m", "tir_rl.cli", "--help"], capture_output=True, text=True, check=True
+    )
+    assert "models" in out.stdout
+
+
+def test_unknown_model_is_a_clear_error(capsys):
+    assert main(["models", "prepare", "gpt-17"]) == 2
+    assert "Choose 'bundled' or 'tiny'" in capsys.readouterr().err
+
+
+def test_missing_required_option_exits_with_usage():
+    with pytest.raises(SystemExit):
+        main(["train"])

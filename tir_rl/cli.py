@@ -1,0 +1,119 @@
+"""The `tir-rl` command line: train | eval | rollout | doctor | sandbox | models.
+
+Each subcommand is one `_cmd_*` function; heavy imports happen inside it, so `--help`
+is instant and nothing runs at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from tir_rl.errors import TirError
+
+logger = logging.getLogger("tir_rl")
+
+_EPILOG_MODELS = """examples:
+  tir-rl models prepare            # bundled SmolLM2-135M-Instruct -> local HF checkpoint (once)
+  tir-rl models prepare tiny       # tiny random model with the same tokenizer, for tests
+  tir-rl models path               # print where the bundled checkpoint lives
+"""
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from tir_rl import models
+
+    if args.action == "path":
+        print(models.models_dir() / models.BUNDLED_MODEL_NAME)
+        return 0
+    name = args.name or "bundled"
+    if name == "tiny":
+        path = models.prepare_tiny_model()
+    elif name in ("bundled", models.BUNDLED_MODEL_NAME):
+        path = models.prepare_bundled_model(force=args.force)
+    else:
+        raise TirError(f"Unknown model {name!r}. Choose 'bundled' or 'tiny'.")
+    print(path)
+    return 0
+
+
+def _not_yet(what: str, issue: int) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        raise TirError(
+            f"`tir-rl {what}` is not available in this version yet (tracked in issue {issue}). "
+            "The set-up (environment, bundled model) is complete: "
+            "`tir-rl models prepare` and the test suite work."
+        )
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (exposed for docs and tests)."""
+    parser = argparse.ArgumentParser(
+        prog="tir-rl",
+        description="Reinforcement learning of LLM agents that use tools over many turns.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("train", help="run GRPO training from a YAML config")
+    p.add_argument("--config", required=True, help="YAML run config, e.g. configs/quickstart.yaml")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p.set_defaults(func=_not_yet("train", 6))
+
+    p = sub.add_parser("eval", help="evaluate a checkpoint on held-out tasks (pass@k)")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--env", required=True)
+    p.add_argument("--split", default="test")
+    p.add_argument("--k", type=int, default=1)
+    p.set_defaults(func=_not_yet("eval", 6))
+
+    p = sub.add_parser("rollout", help="run episodes and print/save trajectories, no training")
+    p.add_argument("--config", required=True)
+    p.add_argument("--num", type=int, default=4)
+    p.set_defaults(func=_not_yet("rollout", 4))
+
+    p = sub.add_parser("doctor", help="pre-flight sampler/trainer parity audit")
+    p.add_argument("--config", required=True)
+    p.set_defaults(func=_not_yet("doctor", 6))
+
+    p = sub.add_parser("sandbox", help="build, check or clean the code sandbox")
+    p.add_argument("action", choices=["build", "check", "clean"])
+    p.set_defaults(func=_not_yet("sandbox", 3))
+
+    p = sub.add_parser(
+        "models",
+        help="prepare the bundled model (no hub downloads)",
+        epilog=_EPILOG_MODELS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("action", choices=["prepare", "path"])
+    p.add_argument("name", nargs="?", help="'bundled' (default) or 'tiny'")
+    p.add_argument("--force", action="store_true", help="rebuild even if already prepared")
+    p.set_defaults(func=_cmd_models)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `tir-rl` console script."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return args.func(args)
+    except TirError as exc:
+        print(f"tir-rl {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"tir-rl {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""Core data types shared across tir-rl: messages, tool calls and results, trajectories."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Role(StrEnum):
+    """Who wrote a message."""
+
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call of a tool, as parsed from an assistant turn."""
+
+    name: str
+    """Name of the tool the model asked for."""
+    arguments: dict[str, Any]
+    """Decoded JSON arguments (not yet validated against the tool's schema)."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """One chat message."""
+
+    role: Role
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    """Tool calls parsed from an assistant message (empty for other roles)."""
+    name: str | None = None
+    """For tool messages: the tool that produced this result."""
+
+    @classmethod
+    def system(cls, content: str) -> Message:
+        """Build a system message."""
+        return cls(Role.SYSTEM, content)
+
+    @classmethod
+    def user(cls, content: str) -> Message:
+        """Build a user message."""
+        return cls(Role.USER, content)
+
+    @classmethod
+    def assistant(cls, content: str, tool_calls: Sequence[ToolCall] = ()) -> Message:
+        """Build an assistant message."""
+        return cls(Role.ASSISTANT, content, tuple(tool_calls))
+
+    @classmethod
+    def tool(cls, content: str, name: str | None = None) -> Message:
+        """Build a tool-result message."""
+        return cls(Role.TOOL, content, name=name)
+
+
+class ToolErrorKind(StrEnum):
+    """Why a tool call failed; recorded per call for metrics."""
+
+    MALFORMED_CALL = "malformed_call"
+    """The call could not be parsed (bad JSON, unclosed tag, missing name)."""
+    UNKNOWN_TOOL = "unknown_tool"
+    INVALID_ARGUMENTS = "invalid_arguments"
+    """Missing, extra or wrongly typed arguments."""
+    TOOL_RAISED = "tool_raised"
+    """The tool function raised an exception."""
+    TIMEOUT = "timeout"
+    SANDBOX = "sandbox"
+    """The sandbox failed (crashed container, no sandbox available)."""
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What a tool call returned, ready to be shown to the model."""
+
+    name: str
+    """The tool that was called (as the model spelled it)."""
+    content: str
+    """Text shown to the model: the result, or an explanation of what went wrong."""
+    error: ToolErrorKind | None = None
+    """Set when the call failed; `content` then tells the model how to fix it."""
+    value: Any = None
+    """The Python return value on success (not shown to the model)."""
+
+    @property
+    def ok(self) -> bool:
+        """Whether the call succeeded."""
+        return self.error is None
+
+
+class RolloutStatus(StrEnum):
+    """How an episode ended."""
+
+    FINISHED = "finished"
+    TRUNCATED_MAX_TURNS = "truncated_max_turns"
+    TRUNCATED_CONTEXT = "truncated_context"
+    """The conversation reached the maximum context length."""
+    TRUNCATED_TURN_LENGTH = "truncated_turn_length"
+    """An assistant turn hit the per-turn token limit before ending."""
+    ERROR_PARSE = "error_parse"
+    """Too many malformed tool calls."""
+    ERROR_TOOL = "error_tool"
+    ERROR_ENGINE = "error_engine"
+    ERROR_SANDBOX = "error_sandbox"
+
+    @property
+    def is_error(self) -> bool:
+        """Whether the episode ended because something failed."""
+        return self.value.startswith("error_")
+
+
+@dataclass
+class EpisodeTimings:
+    """Wall-clock seconds spent in each phase of an episode."""
+
+    generate_s: float = 0.0
+    tools_s: float = 0.0
+    total_s: float = 0.0
+
+
+@dataclass
+class Trajectory:
+    """One episode in tokens: everything the trainer needs, nothing re-tokenized.
+
+    The per-token lists all have the length of `completion_ids`. A completion token is
+    either sampled by the engine (loss mask 1, `sampler_logprobs` holds the engine's
+    processed logprob) or rendered by the chat format between turns (loss mask 0,
+    sampler logprob 0.0 and meaningless).
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    loss_mask: list[int]
+    sampler_logprobs: list[float]
+    turn_ids: list[int]
+    """Index of the assistant turn a token belongs to (tool tokens: the turn they follow)."""
+    reward: float = 0.0
+    status: RolloutStatus = RolloutStatus.FINISHED
+    group_id: int = 0
+    """Ties together the G samples of one task."""
+    num_tool_calls: int = 0
+    num_tool_errors: int = 0
+    messages: list[Message] = field(default_factory=list)
+    timings: EpisodeTimings = field(default_factory=EpisodeTimings)
+    error: str | None = None
+    """Human-readable account of what failed, for error statuses."""
+
+    def __post_init__(self) -> None:
+        n = len(self.completion_ids)
+        lengths = (len(self.loss_mask), len(self.sampler_logprobs), len(self.turn_ids))
+        assert all(length == n for length in lengths), (
+            f"per-token lists must match completion length {n}, got {lengths}"
+        )
+
+    @property
+    def num_model_tokens(self) -> int:
+        """Number of tokens the engine sampled."""
+        return sum(self.loss_mask)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form (for JSONL dumps)."""
+        return dataclasses.asdict(self)
