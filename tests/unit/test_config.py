@@ -1,0 +1,81 @@
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from tir_rl import config
+from tir_rl.errors import ConfigError
+
+
+class Mode(enum.StrEnum):
+    FAST = "fast"
+    SAFE = "safe"
+
+
+@dataclass(kw_only=True)
+class Inner:
+    lr: float = 1e-6
+    """learning rate"""
+    steps: int = 10
+    mode: Mode = Mode.SAFE
+
+
+@dataclass(kw_only=True)
+class Root:
+    name: str = "run"
+    out: Path = Path("runs")
+    kind: Literal["a", "b"] = "a"
+    tags: list[str] = field(default_factory=list)
+    cap: float | None = None
+    inner: Inner = field(default_factory=Inner)
+
+
+def test_yaml_and_overrides_build_the_typed_tree(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("name: x\ninner:\n  lr: 1e-5\n  mode: fast\ntags: [p, q]\n")
+    cfg = config.load(Root, path, ["inner.steps=3", "cap=2.5", "kind=b"])
+    assert cfg == Root(
+        name="x", kind="b", tags=["p", "q"], cap=2.5, inner=Inner(lr=1e-5, steps=3, mode=Mode.FAST)
+    )
+
+
+def test_unknown_key_names_the_nearest_valid_key():
+    expected = r"Unknown config key 'inner.stpes'. Did you mean 'steps'"
+    with pytest.raises(ConfigError, match=expected):
+        config.load(Root, None, ["inner.stpes=3"])
+
+
+def test_wrong_types_are_refused_with_the_path():
+    with pytest.raises(ConfigError, match="inner.steps: expected an integer"):
+        config.load(Root, None, ["inner.steps=1.5"])
+    with pytest.raises(ConfigError, match=r"kind: 'c' is not one of 'a', 'b'"):
+        config.load(Root, None, ["kind=c"])
+    with pytest.raises(ConfigError, match="inner.mode: 'slow' is not one of"):
+        config.load(Root, None, ["inner.mode=slow"])
+
+
+def test_bad_override_syntax_shows_an_example():
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        config.parse_overrides(["trainer.lr"])
+
+
+def test_round_trip_through_yaml(tmp_path):
+    cfg = Root(tags=["t"], inner=Inner(mode=Mode.FAST))
+    config.dump(cfg, tmp_path / "r.yaml")
+    assert config.load(Root, tmp_path / "r.yaml") == cfg
+
+
+def test_validate_hook_runs():
+    @dataclass(kw_only=True)
+    class Checked:
+        low: float = 0.0
+        high: float = 1.0
+
+        def validate(self):
+            if self.low > self.high:
+                raise ConfigError("low must not exceed high")
+
+    with pytest.raises(ConfigError, match="low must not exceed high"):
+        config.from_dict(Checked, {"low": 2.0})

@@ -1,0 +1,183 @@
+"""Dataclass config trees: load from YAML, apply `--set key=value` overrides, validate.
+
+A config is a tree of (keyword-only) dataclasses. Values from YAML and from `--set` are
+checked against the field's type annotation; an unknown key is an error that names the
+nearest valid key, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from tir_rl.errors import ConfigError
+
+C = TypeVar("C")
+
+
+def from_dict(cls: type[C], data: Mapping[str, Any], *, where: str = "") -> C:
+    """Build dataclass `cls` from a (nested) mapping, checking every key and value."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in fields:
+            raise ConfigError(_unknown_key_message(path, key, fields))
+        kwargs[key] = _convert(hints[key], value, path)
+    try:
+        config = cls(**kwargs)
+    except TypeError as exc:  # a required field was not given
+        raise ConfigError(f"{where or cls.__name__}: {exc}") from exc
+    validate = getattr(config, "validate", None)
+    if callable(validate):
+        validate()
+    return config
+
+
+def to_dict(config: Any) -> Any:
+    """Plain YAML/JSON-able form of a config tree (enums as their values, paths as str)."""
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return {f.name: to_dict(getattr(config, f.name)) for f in dataclasses.fields(config)}
+    if isinstance(config, enum.Enum):
+        return config.value
+    if isinstance(config, Path):
+        return str(config)
+    if isinstance(config, (list, tuple)):
+        return [to_dict(v) for v in config]
+    if isinstance(config, dict):
+        return {k: to_dict(v) for k, v in config.items()}
+    return config
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
+    """Turn `["a.b=1", "c=x"]` into a nested mapping; values are parsed as YAML scalars."""
+    nested: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set trainer.lr=1e-6")
+        node = nested
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {item!r}: {part!r} was already set to a value")
+        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+    return nested
+
+
+def merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep-merge `update` into a copy of `base`."""
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load(cls: type[C], path: str | Path | None = None, overrides: Sequence[str] = ()) -> C:
+    """Load config `cls` from a YAML file (optional) plus `--set` overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"Config file {path} does not exist.")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+        data = loaded
+    return from_dict(cls, merge(data, parse_overrides(overrides)))
+
+
+def dump(config: Any, path: str | Path) -> None:
+    """Write the resolved config tree as YAML."""
+    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+
+
+def _unknown_key_message(path: str, key: str, fields: Mapping[str, Any]) -> str:
+    close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return f"Unknown config key {path!r}.{hint} Valid keys here: {', '.join(sorted(fields))}."
+
+
+def _convert(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(arg, value, path)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{path}: {value!r} fits no {tp}")
+    if origin is typing.Literal:
+        if value not in args:
+            raise ConfigError(f"{path}: {value!r} is not one of {', '.join(map(repr, args))}")
+        return value
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(value)
+        except ValueError:
+            choices = ", ".join(repr(m.value) for m in tp)
+            raise ConfigError(f"{path}: {value!r} is not one of {choices}") from None
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        return from_dict(tp, value, where=path)
+    if origin in (list, tuple, Sequence) or tp in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path}: expected a list, got {value!r}")
+        item = args[0] if args else Any
+        items = [_convert(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple or tp is tuple else items
+    if origin is dict or tp is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+        vt = args[1] if len(args) == 2 else Any
+        return {k: _convert(vt, v, f"{path}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{path}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{path}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML reads 1e-6 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{path}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{path}: expected a string, got {value!r}")
+    if tp is Path:
+        if isinstance(value, (str, Path)):
+            return Path(value)
+        raise ConfigError(f"{path}: expected a path, got {value!r}")
+    return value
