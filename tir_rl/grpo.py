@@ -1,0 +1,340 @@
+"""GRPO: group-relative advantages and the token-level PPO-clip policy loss.
+
+One step of the objective, per model token t of sequence i (mask m_t = 1):
+
+    r_t = exp(ℓ^θ_t − ℓ^old_t)
+    L_t = w_t · max(−A_i·r_t, −A_i·clip(r_t, 1 − clip_low, 1 + clip_high)) + β·k3(ℓ^ref_t, ℓ^θ_t)
+    loss = Σ_{i,t} m_t · c_{i,t} · L_t / D
+
+`w` are the detached mismatch-correction weights (`tir_rl.mismatch`), applied after the clip
+and never to the KL term. The aggregation only picks the normalizer: token-mean uses
+c = 1 and D = the number of model tokens in the global batch; sequence-mean uses c = 1/N_i
+and D = the number of non-empty sequences in the global batch. D is passed in as a global
+count so that gradient accumulation and any number of ranks give the update of one big batch.
+
+Bypass mode (spec §4, ℓ^old := ℓ^μ) needs no new class for PPO-clip: call `GRPOLoss` with
+`old_logprobs=sampler_logprobs` and `weights=None`. Its REINFORCE variant is `ReinforceLoss`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch
+from torch import Tensor
+
+from tir_rl.errors import ConfigError
+
+LOG_RATIO_BOUND = 20.0
+"""Log-ratios are clamped to [−20, 20] before `exp` (verl `SAFETY_BOUND`)."""
+
+
+@dataclass(frozen=True)
+class GroupAdvantages:
+    """Advantages of N samples that come in groups of completions of the same task."""
+
+    advantages: Tensor
+    """[N] float; exactly 0 for every sample of a degenerate group."""
+    degenerate: Tensor
+    """[N] bool; the sample's group has all rewards equal (it contributes no gradient)."""
+    num_groups: int
+    num_degenerate_groups: int
+    """Groups whose rewards are all equal (including groups of one sample)."""
+
+
+def group_advantages(
+    rewards: Tensor, group_ids: Tensor, *, normalize_std: bool = True, eps: float = 1e-6
+) -> GroupAdvantages:
+    """Group-relative advantages: reward minus the group mean, optionally over the group std.
+
+    Args:
+        rewards: [N] rewards.
+        group_ids: [N] integer ids; samples with the same id are completions of one task.
+        normalize_std: divide by the group's (Bessel-corrected) standard deviation + eps,
+            as in the GRPO paper; False gives the plain mean baseline (Dr. GRPO).
+        eps: added to the std before dividing.
+    """
+    rewards = rewards.to(torch.float32)
+    _, group = torch.unique(group_ids, return_inverse=True)
+    num_groups = int(group.max().item()) + 1 if group.numel() else 0
+    counts = torch.zeros(num_groups).index_add_(0, group, torch.ones_like(rewards))
+    mean = torch.zeros(num_groups).index_add_(0, group, rewards) / counts
+    centered = rewards - mean[group]
+    lo = torch.full((num_groups,), torch.inf).scatter_reduce(0, group, rewards, "amin")
+    hi = torch.full((num_groups,), -torch.inf).scatter_reduce(0, group, rewards, "amax")
+    degenerate_group = lo == hi
+    if normalize_std:
+        sq = torch.zeros(num_groups).index_add_(0, group, centered.square())
+        std = (sq / (counts - 1).clamp(min=1)).sqrt()
+        centered = centered / (std[group] + eps)
+    degenerate = degenerate_group[group]
+    advantages = torch.where(degenerate, torch.zeros_like(centered), centered)
+    return GroupAdvantages(
+        advantages=advantages,
+        degenerate=degenerate,
+        num_groups=num_groups,
+        num_degenerate_groups=int(degenerate_group.sum().item()),
+    )
+
+
+class Aggregation(StrEnum):
+    """How the per-token losses of a batch are normalized (the formula is the same)."""
+
+    TOKEN_MEAN = "token_mean"
+    """Sum over all model tokens / number of model tokens in the global batch (DAPO)."""
+    SEQUENCE_MEAN = "sequence_mean"
+    """Mean over each sequence's tokens, then mean over the global batch's sequences (GRPO)."""
+
+
+@dataclass(frozen=True)
+class PolicyLossMetrics:
+    """Diagnostics of one loss call, computed without gradients over the local tokens."""
+
+    loss: float
+    num_tokens: int
+    """Model tokens in this call (after rejections)."""
+    clip_fraction_low: float
+    """Share of tokens where the lower clip is active (A < 0 and r < 1 − clip_low)."""
+    clip_fraction_high: float
+    """Share of tokens where the upper clip is active (A > 0 and r > 1 + clip_high)."""
+    ratio_mean: float
+    ratio_min: float
+    ratio_max: float
+    policy_kl: float
+    """k3 estimate of KL(old ‖ θ): how far this update moved the policy."""
+    ref_kl: float
+    """k3 estimate of KL(θ ‖ ref); 0 without a reference."""
+
+    def to_dict(self, prefix: str = "loss") -> dict[str, float]:
+        """Flat metrics for the logger, keys `prefix/name`."""
+        return {f"{prefix}/{k}": float(v) for k, v in self.__dict__.items()}
+
+
+def k3(log_ratio: Tensor) -> Tensor:
+    """Per-token k3 estimator exp(x) − x − 1 (≥ 0) of x = log(q/p); clamped for safety."""
+    x = log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    return torch.exp(x) - x - 1
+
+
+def aggregate(
+    per_token: Tensor,
+    valid: Tensor,
+    aggregation: Aggregation,
+    *,
+    num_global_tokens: int | None = None,
+    num_global_sequences: int | None = None,
+) -> Tensor:
+    """Σ m·c·L / D for the chosen aggregation (see the module docstring).
+
+    Args:
+        per_token: [B, T] per-token losses (values at invalid positions are ignored).
+        valid: [B, T] bool, tokens that enter the loss.
+        aggregation: picks c and D.
+        num_global_tokens: D for token-mean; None uses the local count.
+        num_global_sequences: D for sequence-mean (non-empty sequences); None: local count.
+    """
+    num_tokens = valid.sum(dim=1)  # [B]
+    if aggregation is Aggregation.TOKEN_MEAN:
+        scaled = per_token
+        denom = num_global_tokens if num_global_tokens is not None else int(num_tokens.sum())
+    else:
+        scaled = per_token / num_tokens.clamp(min=1).unsqueeze(1).to(per_token.dtype)
+        denom = num_global_sequences
+        if denom is None:
+            denom = int((num_tokens > 0).sum())
+    total = torch.where(valid, scaled, torch.zeros_like(scaled)).sum()
+    return total / max(denom, 1)
+
+
+def _broadcast_advantages(advantages: Tensor, like: Tensor) -> Tensor:
+    if advantages.dim() == 1:
+        return advantages.unsqueeze(1).expand_as(like)
+    assert advantages.shape == like.shape, f"advantages {advantages.shape} vs {like.shape}"
+    return advantages
+
+
+class GRPOLoss:
+    """Token-level PPO-clip surrogate with asymmetric clip, optional k3 KL to a reference."""
+
+    @dataclass(kw_only=True, frozen=True)
+    class Config:
+        """Configuration of the policy loss."""
+
+        clip_low: float = 0.2
+        """ε_lo: the ratio is clipped below at 1 − clip_low."""
+        clip_high: float = 0.28
+        """ε_hi: the ratio is clipped above at 1 + clip_high ("clip-higher", DAPO): a larger
+        upper bound lets low-probability tokens with positive advantage grow, which keeps
+        entropy from collapsing. Set 0.2 for the symmetric clip of the GRPO paper."""
+        dual_clip: float | None = None
+        """c > 1: for A < 0 the loss is also capped at −A·c (verl's dual clip uses 3)."""
+        kl_coef: float = 0.0
+        """β of the k3 KL to the reference policy; 0 (off) needs no reference logprobs."""
+        aggregation: Aggregation = Aggregation.TOKEN_MEAN
+        """Normalizer of the summed token losses; see `Aggregation`."""
+
+        def validate(self) -> None:
+            """Raise ConfigError on inconsistent values."""
+            if not 0 <= self.clip_low < 1 or self.clip_high < 0:
+                raise ConfigError(
+                    f"loss clip_low must be in [0, 1) and clip_high >= 0, got "
+                    f"{self.clip_low}, {self.clip_high}"
+                )
+            if self.dual_clip is not None and self.dual_clip <= 1:
+                raise ConfigError(f"loss dual_clip must be > 1 (e.g. 3.0), got {self.dual_clip}")
+            if self.kl_coef < 0:
+                raise ConfigError(f"loss kl_coef must be >= 0, got {self.kl_coef}")
+
+    def __init__(self, config: Config | None = None) -> None:
+        self.config = config if config is not None else GRPOLoss.Config()
+        self.config.validate()
+
+    def __call__(
+        self,
+        logprobs: Tensor,
+        *,
+        old_logprobs: Tensor,
+        advantages: Tensor,
+        loss_mask: Tensor,
+        weights: Tensor | None = None,
+        ref_logprobs: Tensor | None = None,
+        num_global_tokens: int | None = None,
+        num_global_sequences: int | None = None,
+    ) -> tuple[Tensor, PolicyLossMetrics]:
+        """Loss of one micro-batch.
+
+        Args:
+            logprobs: [B, T] ℓ^θ of the sampled tokens, with grad.
+            old_logprobs: [B, T] ℓ^old (the trainer's recompute; ℓ^μ in bypass mode).
+            advantages: [B] per sequence, or [B, T] per token.
+            loss_mask: [B, T], 1 for tokens that enter the loss (rejections folded in).
+            weights: [B, T] detached correction weights, or None for plain GRPO.
+            ref_logprobs: [B, T] reference-policy logprobs; needed when kl_coef > 0.
+            num_global_tokens: model tokens of the whole global batch (token-mean).
+            num_global_sequences: non-empty sequences of the whole global batch (seq-mean).
+
+        Returns:
+            The scalar loss and its metrics. Values at masked positions of every input (NaN,
+            ±inf included) change neither the loss nor the gradient.
+        """
+        cfg = self.config
+        valid = loss_mask > 0
+        zero = torch.zeros_like(logprobs)
+        lp = torch.where(valid, logprobs, zero)
+        old = torch.where(valid, old_logprobs.detach(), zero)
+        log_ratio = (lp - old).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+        ratio = torch.exp(log_ratio)
+        adv = _broadcast_advantages(advantages.detach(), lp)
+        adv = torch.where(valid, adv, zero)
+        unclipped = -adv * ratio
+        clipped = -adv * ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
+        per_token = torch.maximum(unclipped, clipped)
+        if cfg.dual_clip is not None:
+            capped = torch.minimum(per_token, -adv * cfg.dual_clip)
+            per_token = torch.where(adv < 0, capped, per_token)
+        if weights is not None:
+            per_token = per_token * torch.where(valid, weights.detach(), zero)
+        ref_kl = None
+        if cfg.kl_coef > 0:
+            if ref_logprobs is None:
+                raise ConfigError("loss.kl_coef > 0 needs ref_logprobs; pass them or set kl_coef 0")
+            ref = torch.where(valid, ref_logprobs.detach(), zero)
+            ref_kl = k3(ref - lp)
+            per_token = per_token + cfg.kl_coef * ref_kl
+        loss = aggregate(
+            per_token,
+            valid,
+            cfg.aggregation,
+            num_global_tokens=num_global_tokens,
+            num_global_sequences=num_global_sequences,
+        )
+        with torch.no_grad():
+            metrics = _metrics(loss, ratio, log_ratio, adv, valid, ref_kl, cfg)
+        return loss, metrics
+
+
+def _metrics(
+    loss: Tensor,
+    ratio: Tensor,
+    log_ratio: Tensor,
+    adv: Tensor,
+    valid: Tensor,
+    ref_kl: Tensor | None,
+    cfg: GRPOLoss.Config,
+) -> PolicyLossMetrics:
+    n = int(valid.sum())
+    denom = max(n, 1)
+    low = valid & (adv < 0) & (ratio < 1 - cfg.clip_low)
+    high = valid & (adv > 0) & (ratio > 1 + cfg.clip_high)
+    r = ratio[valid]
+    policy_kl = k3(-log_ratio)[valid].sum() / denom
+    ref = ref_kl[valid].sum() / denom if ref_kl is not None else torch.zeros(())
+    values = torch.stack(
+        [
+            loss.detach(),
+            low.sum() / denom,
+            high.sum() / denom,
+            r.sum() / denom,
+            r.min() if n else torch.ones(()),
+            r.max() if n else torch.ones(()),
+            policy_kl,
+            ref.to(loss.dtype),
+        ]
+    ).tolist()
+    return PolicyLossMetrics(
+        loss=values[0],
+        num_tokens=n,
+        clip_fraction_low=values[1],
+        clip_fraction_high=values[2],
+        ratio_mean=values[3],
+        ratio_min=values[4],
+        ratio_max=values[5],
+        policy_kl=values[6],
+        ref_kl=values[7],
+    )
+
+
+class ReinforceLoss:
+    """Bypass-mode REINFORCE (spec §4): L_t = −sg(w_t)·A·ℓ^θ_t, no ratio, no clip.
+
+    The weights come from `tir_rl.mismatch.correction(ℓ^θ, ℓ^μ, ...)`, i.e. from the current
+    policy against the sampler, and are detached here again: without the detach autograd
+    would add ℓ^θ·∇w and bias the gradient.
+    """
+
+    @dataclass(kw_only=True, frozen=True)
+    class Config:
+        """Configuration of the bypass REINFORCE loss."""
+
+        aggregation: Aggregation = Aggregation.TOKEN_MEAN
+        """Normalizer of the summed token losses; see `Aggregation`."""
+
+    def __init__(self, config: Config | None = None) -> None:
+        self.config = config if config is not None else ReinforceLoss.Config()
+
+    def __call__(
+        self,
+        logprobs: Tensor,
+        *,
+        advantages: Tensor,
+        loss_mask: Tensor,
+        weights: Tensor | None = None,
+        num_global_tokens: int | None = None,
+        num_global_sequences: int | None = None,
+    ) -> Tensor:
+        """Loss of one micro-batch; arguments as in `GRPOLoss.__call__`."""
+        valid = loss_mask > 0
+        zero = torch.zeros_like(logprobs)
+        lp = torch.where(valid, logprobs, zero)
+        adv = torch.where(valid, _broadcast_advantages(advantages.detach(), lp), zero)
+        per_token = -adv * lp
+        if weights is not None:
+            per_token = per_token * torch.where(valid, weights.detach(), zero)
+        return aggregate(
+            per_token,
+            valid,
+            self.config.aggregation,
+            num_global_tokens=num_global_tokens,
+            num_global_sequences=num_global_sequences,
+        )

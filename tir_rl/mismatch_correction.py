@@ -1,0 +1,319 @@
+"""Detached sampler/trainer mismatch corrections: IS weights and rejection masks (spec §3-§4).
+
+Two mechanisms, both computed under no_grad from ℓ^old (ℓ^θ in bypass mode) and ℓ^μ:
+
+- IS weights w (token, turn or sequence ratio, truncated at `is_cap`) multiply each token's
+  clipped surrogate;
+- rejections (token, turn, sequence and geometric-mean bounds; a catastrophic-token veto; the
+  k2/k3 divergence filters) are combined with AND and folded into the loss mask.
+
+Rejected tokens leave the loss normalizer (verl semantics): the trainer counts the global
+number of tokens on the *corrected* mask and passes that mask to `GRPOLoss`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tir_rl.errors import ConfigError
+from tir_rl.mismatch_metrics import clamped_exp, masked_log_ratio, turn_segments
+
+Bounds = tuple[float, float]
+
+
+class ISLevel(StrEnum):
+    """Which likelihood ratio the IS weight of a token is."""
+
+    NONE = "none"
+    TOKEN = "token"
+    """ρ_t of the token itself (Token-TIS)."""
+    TURN = "turn"
+    """Product of ρ over the token's assistant turn."""
+    SEQUENCE = "sequence"
+    """Product of ρ over the whole sequence (Seq-TIS)."""
+
+
+class BypassMode(StrEnum):
+    """Whether ℓ^old is recomputed (decoupled) or replaced by the sampler's ℓ^μ (bypass)."""
+
+    OFF = "off"
+    """Decoupled: PPO ratio against the trainer recompute, w from ℓ^old vs ℓ^μ."""
+    PPO_CLIP = "ppo_clip"
+    """ℓ^old := ℓ^μ; PPO-clip with no extra weight (it would count the correction twice)."""
+    REINFORCE = "reinforce"
+    """ℓ^old := ℓ^μ; `ReinforceLoss` with w from ℓ^θ vs ℓ^μ, detached."""
+
+
+_PRESETS: dict[str, dict[str, Any]] = {
+    "none": {},
+    "token_tis": {"is_level": ISLevel.TOKEN, "is_cap": 2.0},
+    "token_mis": {"is_level": ISLevel.TOKEN, "is_cap": 5.0, "token_mask": (0.5, 5.0)},
+    "seq_tis": {"is_level": ISLevel.SEQUENCE, "is_cap": 2.0},
+    "seq_mis": {"is_level": ISLevel.SEQUENCE, "is_cap": 2.0, "seq_mask": (0.5, 2.0)},
+    "geo_rs": {"geo_mask": (0.999, 1.001)},
+    "turn_tis": {"is_level": ISLevel.TURN, "is_cap": 2.0},
+    "turn_mis": {"is_level": ISLevel.TURN, "is_cap": 2.0, "turn_mask": (0.5, 2.0)},
+    "geo_rs_token_tis": {"is_level": ISLevel.TOKEN, "is_cap": 2.0, "geo_mask": (0.999, 1.001)},
+}
+_PRESETS["icepop"] = _PRESETS["token_mis"]
+
+
+@dataclass(frozen=True)
+class CorrectionStats:
+    """What a correction did to one batch (fractions over non-empty units)."""
+
+    num_tokens: int
+    """Model tokens before rejection."""
+    num_tokens_kept: int
+    masked_token_fraction: float
+    masked_turn_fraction: float
+    """Assistant turns with at least one rejected token."""
+    masked_seq_fraction: float
+    """Sequences with at least one rejected token."""
+    veto_fraction: float
+    """Sequences rejected by the catastrophic-token veto."""
+    weight_mean: float
+    """Stats of the final weights (after truncation, normalization) over kept tokens."""
+    weight_std: float
+    weight_min: float
+    weight_max: float
+
+    def to_dict(self, prefix: str = "mismatch/correction") -> dict[str, float]:
+        """Flat metrics for the logger, keys `prefix/name`."""
+        return {f"{prefix}/{k}": float(v) for k, v in dataclasses.asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class CorrectionResult:
+    """Detached weights and the loss mask with every rejection folded in."""
+
+    weights: Tensor
+    """[B, T] float32, no grad; 0 where the corrected mask is 0."""
+    loss_mask: Tensor
+    """[B, T], the input mask AND every rejection (same dtype as the input mask)."""
+    stats: CorrectionStats
+
+
+def _in(x: Tensor, bounds: Bounds) -> Tensor:
+    return (x >= bounds[0]) & (x <= bounds[1])
+
+
+class MismatchCorrection:
+    """Computes `CorrectionResult`s for one configuration; see `Config.preset` for recipes."""
+
+    @dataclass(kw_only=True, frozen=True)
+    class Config:
+        """One block configures the whole correction; the default only measures."""
+
+        is_level: ISLevel = ISLevel.NONE
+        """Ratio used as IS weight: none, token, turn (per assistant turn) or sequence."""
+        is_cap: float = 2.0
+        """C: weights are truncated to min(ρ, C) (verl's 2.0)."""
+        is_cap_low: float | None = None
+        """Optional lower truncation: w = max(w, is_cap_low) (TRL's clip_min); None: none."""
+        token_mask: Bounds | None = None
+        """Keep a token iff lo <= ρ_t <= hi (IcePop: 0.5, 5)."""
+        turn_mask: Bounds | None = None
+        """Keep a turn iff lo <= ∏_turn ρ <= hi; rejects only that turn's tokens."""
+        seq_mask: Bounds | None = None
+        """Keep a sequence iff lo <= ρ_seq <= hi."""
+        geo_mask: Bounds | None = None
+        """Keep a sequence iff lo <= ρ_geo = exp(mean δ) <= hi (length-invariant)."""
+        veto_threshold: float | None = None
+        """Reject a sequence with any token ρ_t < threshold (verl 0.6 used 1e-4)."""
+        seq_max_k2: float | None = None
+        """Reject a sequence with any token ½δ² above this (trust-region veto)."""
+        seq_mean_k3: float | None = None
+        """Reject a sequence whose mean k3 = ρ − δ − 1 is above this (verl 0.01)."""
+        batch_normalize: bool = False
+        """Divide the truncated weights by their mean over kept tokens/turns/sequences."""
+        bypass: BypassMode = BypassMode.OFF
+        """Decoupled (recompute ℓ^old) or bypass (ℓ^old := ℓ^μ); see `BypassMode`."""
+
+        @classmethod
+        def preset(cls, name: str, **overrides: Any) -> MismatchCorrection.Config:
+            """A named recipe, optionally with some fields overridden.
+
+            Names: none (metrics only), token_tis, token_mis (= icepop), seq_tis, seq_mis,
+            geo_rs, turn_tis, turn_mis, geo_rs_token_tis (recommended for long-horizon
+            tool use, see docs/mismatch.md).
+            """
+            if name not in _PRESETS:
+                raise ConfigError(
+                    f"Unknown mismatch correction preset {name!r}; choose one of "
+                    f"{', '.join(sorted(_PRESETS))}"
+                )
+            config = cls(**{**_PRESETS[name], **overrides})
+            config.validate()
+            return config
+
+        def validate(self) -> None:
+            """Raise ConfigError on inconsistent values."""
+            if self.is_cap <= 0:
+                raise ConfigError(f"correction is_cap must be > 0, got {self.is_cap}")
+            if self.is_cap_low is not None and not 0 <= self.is_cap_low <= self.is_cap:
+                raise ConfigError(
+                    f"correction is_cap_low must be in [0, is_cap={self.is_cap}], "
+                    f"got {self.is_cap_low}"
+                )
+            for name in ("token_mask", "turn_mask", "seq_mask", "geo_mask"):
+                bounds = getattr(self, name)
+                if bounds is not None and not (len(bounds) == 2 and 0 <= bounds[0] <= bounds[1]):
+                    raise ConfigError(
+                        f"correction {name} must be [lo, hi] with 0 <= lo <= hi, got {bounds}"
+                    )
+
+        @property
+        def rejects(self) -> bool:
+            """Whether any rejection is configured."""
+            fields = (self.token_mask, self.turn_mask, self.seq_mask, self.geo_mask)
+            vetoes = (self.veto_threshold, self.seq_max_k2, self.seq_mean_k3)
+            return any(f is not None for f in fields + vetoes)
+
+    def __init__(self, config: Config | None = None) -> None:
+        self.config = config if config is not None else MismatchCorrection.Config()
+        self.config.validate()
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        trainer_logprobs: Tensor,
+        sampler_logprobs: Tensor,
+        loss_mask: Tensor,
+        turn_ids: Tensor,
+    ) -> CorrectionResult:
+        """Weights and corrected mask of a [B, T] batch.
+
+        Args:
+            trainer_logprobs: [B, T] ℓ^old (decoupled) or ℓ^θ (bypass; detached here).
+            sampler_logprobs: [B, T] ℓ^μ; any value (NaN, ±inf) where the mask is 0.
+            loss_mask: [B, T], 1 for model-sampled tokens.
+            turn_ids: [B, T] long, assistant turn index of each token.
+        """
+        cfg = self.config
+        valid = loss_mask > 0
+        delta = masked_log_ratio(trainer_logprobs, sampler_logprobs, valid)  # [B, T]
+        rho = torch.exp(delta)
+        seg, num_segments = turn_segments(turn_ids, valid)
+        flat_seg = seg.flatten()
+        num_tokens = valid.sum(dim=1)  # [B]
+        seq_sum = delta.sum(dim=1)  # [B]
+        rho_seq = clamped_exp(seq_sum)
+        turn_sum = torch.zeros(num_segments, device=delta.device).index_add_(
+            0, flat_seg, delta.flatten()
+        )
+        rho_turn = clamped_exp(turn_sum)  # [B·K]
+
+        keep = valid.clone()
+        if cfg.token_mask is not None:
+            keep &= _in(rho, cfg.token_mask)
+        if cfg.turn_mask is not None:
+            keep &= _in(rho_turn, cfg.turn_mask)[seg]
+        seq_ok = torch.ones_like(num_tokens, dtype=torch.bool)
+        if cfg.seq_mask is not None:
+            seq_ok &= _in(rho_seq, cfg.seq_mask)
+        if cfg.geo_mask is not None:
+            rho_geo = clamped_exp(seq_sum / num_tokens.clamp(min=1))
+            seq_ok &= _in(rho_geo, cfg.geo_mask)
+        vetoed = torch.zeros_like(seq_ok)
+        if cfg.veto_threshold is not None:
+            vetoed |= (valid & (rho < cfg.veto_threshold)).any(dim=1)
+        if cfg.seq_max_k2 is not None:
+            seq_ok &= ~(valid & (0.5 * delta.square() > cfg.seq_max_k2)).any(dim=1)
+        if cfg.seq_mean_k3 is not None:
+            k3_sum = torch.where(valid, rho - delta - 1, torch.zeros_like(delta)).sum(dim=1)
+            seq_ok &= k3_sum / num_tokens.clamp(min=1) <= cfg.seq_mean_k3
+        keep &= (seq_ok & ~vetoed).unsqueeze(1)
+
+        weights = self._weights(rho, rho_seq, rho_turn, seg, keep)
+        stats = _stats(valid, keep, vetoed, weights, flat_seg, num_segments)
+        return CorrectionResult(weights=weights, loss_mask=keep.to(loss_mask.dtype), stats=stats)
+
+    def _weights(
+        self, rho: Tensor, rho_seq: Tensor, rho_turn: Tensor, seg: Tensor, keep: Tensor
+    ) -> Tensor:
+        cfg = self.config
+        level = ISLevel.NONE if cfg.bypass is BypassMode.PPO_CLIP else cfg.is_level
+        if level is ISLevel.NONE:
+            return keep.float()
+
+        def truncate(w: Tensor) -> Tensor:
+            w = w.clamp(max=cfg.is_cap)
+            return w.clamp(min=cfg.is_cap_low) if cfg.is_cap_low is not None else w
+
+        if level is ISLevel.TOKEN:
+            unit_w, unit_keep, per_token = truncate(rho), keep, None
+        elif level is ISLevel.TURN:
+            unit_keep = torch.zeros(rho_turn.shape, dtype=torch.bool, device=rho.device)
+            unit_keep.index_put_((seg[keep],), torch.ones((), dtype=torch.bool, device=rho.device))
+            unit_w, per_token = truncate(rho_turn), seg
+        else:
+            unit_w, unit_keep, per_token = truncate(rho_seq), keep.any(dim=1), None
+        if cfg.batch_normalize and unit_keep.any():
+            unit_w = unit_w / unit_w[unit_keep].mean()
+        if level is ISLevel.TURN:
+            weights = unit_w[per_token]
+        elif level is ISLevel.SEQUENCE:
+            weights = unit_w.unsqueeze(1).expand_as(rho)
+        else:
+            weights = unit_w
+        return torch.where(keep, weights, torch.zeros_like(weights))
+
+
+def _stats(
+    valid: Tensor,
+    keep: Tensor,
+    vetoed: Tensor,
+    weights: Tensor,
+    flat_seg: Tensor,
+    num_segments: int,
+) -> CorrectionStats:
+    num_valid = valid.sum()
+    num_kept = keep.sum()
+    rejected = valid & ~keep
+    seq_has = valid.any(dim=1)
+    num_seqs = seq_has.sum().clamp(min=1)
+    seg_valid = torch.zeros(num_segments, device=valid.device).index_add_(
+        0, flat_seg, valid.flatten().float()
+    )
+    seg_rejected = torch.zeros(num_segments, device=valid.device).index_add_(
+        0, flat_seg, rejected.flatten().float()
+    )
+    num_turns = (seg_valid > 0).sum().clamp(min=1)
+    w = weights[keep]
+    if w.numel() == 0:
+        w = torch.zeros(1, device=weights.device)
+    values = torch.stack(
+        [
+            rejected.sum() / num_valid.clamp(min=1),
+            (seg_rejected > 0).sum() / num_turns,
+            rejected.any(dim=1).sum() / num_seqs,
+            (vetoed & seq_has).sum() / num_seqs,
+            w.mean(),
+            (w.square().mean() - w.mean().square()).clamp(min=0).sqrt(),
+            w.min(),
+            w.max(),
+        ]
+    ).tolist()
+    return CorrectionStats(
+        int(num_valid),
+        int(num_kept),
+        *values,
+    )
+
+
+def correction(
+    trainer_logprobs: Tensor,
+    sampler_logprobs: Tensor,
+    loss_mask: Tensor,
+    turn_ids: Tensor,
+    config: MismatchCorrection.Config | None = None,
+) -> CorrectionResult:
+    """Functional form of `MismatchCorrection(config)(...)`; the default config only measures."""
+    return MismatchCorrection(config)(trainer_logprobs, sampler_logprobs, loss_mask, turn_ids)

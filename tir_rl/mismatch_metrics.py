@@ -1,0 +1,237 @@
+"""Sampler/trainer logprob mismatch metrics over model tokens (spec `docs/mismatch.md` §2).
+
+δ_t = ℓ^trainer_t − ℓ^sampler_t on model tokens (m_t = 1), 0 elsewhere; ρ_t = exp(δ_t).
+Garbage at masked positions (0.0, NaN, ±inf) is replaced with `torch.where` before any
+reduction, so it can never leak. Per-token log-ratios and their per-sequence sums are
+clamped to [−20, 20] before `exp`, so every metric stays finite under overflow.
+
+Besides the usual batch metrics this reports the same divergences per assistant turn and by
+distance (in model tokens) from the end of the last tool response, and the share of the total
+|δ| carried by the top 1% of tokens: in multi-turn tool use, mismatch concentrates in the first
+tokens after a surprising tool output.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from tir_rl.grpo import LOG_RATIO_BOUND
+
+LOG_PPL_BOUND = 50.0
+"""Log-perplexities are clamped to this before `exp` (a perplexity of 5e21 means garbage)."""
+DEFAULT_DISTANCE_EDGES = (8, 32, 128)
+"""Distance buckets 0-7, 8-31, 32-127, 128+ model tokens after the last tool response."""
+
+
+def masked_log_ratio(trainer_logprobs: Tensor, sampler_logprobs: Tensor, valid: Tensor) -> Tensor:
+    """δ = trainer − sampler on valid tokens, exactly 0 elsewhere, clamped to [−20, 20].
+
+    A non-finite difference on a valid token (a NaN or −inf logprob from a broken engine)
+    becomes 0 for NaN and ±20 for ±inf; `count_nonfinite` reports how many there were.
+    """
+    zero = torch.zeros_like(trainer_logprobs, dtype=torch.float32)
+    t = torch.where(valid, trainer_logprobs.detach().float(), zero)
+    s = torch.where(valid, sampler_logprobs.detach().float(), zero)
+    delta = torch.nan_to_num(t - s, nan=0.0, posinf=LOG_RATIO_BOUND, neginf=-LOG_RATIO_BOUND)
+    return delta.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+
+
+def count_nonfinite(trainer_logprobs: Tensor, sampler_logprobs: Tensor, valid: Tensor) -> Tensor:
+    """Number of valid tokens whose trainer or sampler logprob is not finite (0-d tensor)."""
+    bad = ~torch.isfinite(trainer_logprobs.detach()) | ~torch.isfinite(sampler_logprobs.detach())
+    return (bad & valid).sum()
+
+
+def clamped_exp(x: Tensor) -> Tensor:
+    """exp(clamp(x, −20, 20))."""
+    return torch.exp(x.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+
+
+def turn_segments(turn_ids: Tensor, valid: Tensor) -> tuple[Tensor, int]:
+    """Index of each token's (sequence, assistant turn) segment.
+
+    Returns:
+        [B, T] long segment ids in [0, B·K) with K = 1 + the largest turn id of a valid token
+        (invalid positions get segment 0 of their row and must stay masked), and B·K.
+    """
+    batch = turn_ids.shape[0]
+    turns = torch.where(valid, turn_ids, torch.zeros_like(turn_ids)).clamp(min=0)
+    num_turns = int(turns.max()) + 1 if turns.numel() else 1
+    rows = torch.arange(batch, device=turn_ids.device).unsqueeze(1)
+    return rows * num_turns + turns, batch * num_turns
+
+
+def distance_from_tool_response(turn_ids: Tensor, valid: Tensor) -> Tensor:
+    """Model tokens since the end of the last tool response, −1 before any tool response.
+
+    A sequence's first assistant turn follows no tool response (−1); every later turn does,
+    and its first sampled token has distance 0. Counted in model tokens only, so the length
+    of the tool output and of the chat-format tokens in between does not matter.
+    """
+    seg, num_segments = turn_segments(turn_ids, valid)
+    before = torch.cumsum(valid.long(), dim=1) - 1  # [B, T] model tokens before this one
+    big = torch.iinfo(torch.long).max
+    fill = torch.full_like(before, big)
+    start = torch.full((num_segments,), big, dtype=torch.long, device=seg.device)
+    start = start.scatter_reduce(
+        0, seg.flatten(), torch.where(valid, before, fill).flatten(), "amin"
+    )
+    distance = before - start[seg]
+    turns = torch.where(valid, turn_ids, torch.full_like(turn_ids, big))
+    first_turn = turns.min(dim=1, keepdim=True).values
+    return torch.where(valid & (turn_ids != first_turn), distance, torch.full_like(distance, -1))
+
+
+def _moment_stats(w: Tensor, cap: float, prefix: str, out: dict[str, Tensor]) -> None:
+    """IS weight stats of the 1-D weights `w`: mean/min/max raw; std/ESS on [1/C, C]."""
+    n = w.numel()
+    if n == 0:
+        w = torch.ones(1, device=w.device)
+    capped = w.clamp(1.0 / cap, cap)
+    mean_c = capped.mean()
+    normalized = capped / mean_c
+    out[f"{prefix}_mean"] = w.mean()
+    out[f"{prefix}_std"] = (capped.square().mean() - mean_c.square()).clamp(min=0).sqrt()
+    out[f"{prefix}_min"] = w.min()
+    out[f"{prefix}_max"] = w.max()
+    out[f"{prefix}_ess"] = 1.0 / normalized.square().mean()
+    out[f"{prefix}_fraction_high"] = (w > cap).float().mean() if n else torch.zeros(())
+    out[f"{prefix}_fraction_low"] = (w < 1.0 / cap).float().mean() if n else torch.zeros(())
+
+
+def _bucket_table(bucket: Tensor, num_buckets: int, columns: Tensor) -> Tensor:
+    """Per-bucket sums of `columns` [n, k] plus a count column: [num_buckets, k + 1]."""
+    ones = torch.ones(columns.shape[0], 1, device=columns.device)
+    table = torch.zeros(num_buckets, columns.shape[1] + 1, device=columns.device)
+    return table.index_add_(0, bucket, torch.cat([columns, ones], dim=1))
+
+
+def _emit_buckets(table: Tensor, labels: list[str], prefix: str, out: dict[str, float]) -> None:
+    for label, (neg_delta, k3_sum, abs_sum, count) in zip(labels, table.tolist(), strict=True):
+        if count == 0:
+            continue
+        out[f"{prefix}/{label}/kl"] = neg_delta / count
+        out[f"{prefix}/{label}/k3_kl"] = k3_sum / count
+        out[f"{prefix}/{label}/abs_diff_mean"] = abs_sum / count
+        out[f"{prefix}/{label}/num_tokens"] = count
+
+
+def mismatch_metrics(
+    trainer_logprobs: Tensor,
+    sampler_logprobs: Tensor,
+    loss_mask: Tensor,
+    turn_ids: Tensor,
+    *,
+    tool_response_distance: Tensor | None = None,
+    cap: float = 2.0,
+    max_turns: int = 8,
+    distance_edges: tuple[int, ...] = DEFAULT_DISTANCE_EDGES,
+    top_fraction: float = 0.01,
+    prefix: str = "mismatch",
+) -> dict[str, float]:
+    """Every §2 metric of the spec, plus per-turn, per-distance and concentration metrics.
+
+    Args:
+        trainer_logprobs: [B, T] ℓ^old (or ℓ^θ, to measure mismatch plus policy drift).
+        sampler_logprobs: [B, T] ℓ^μ; any value where `loss_mask` is 0.
+        loss_mask: [B, T], 1 for model-sampled tokens (not the corrected mask).
+        turn_ids: [B, T] long, assistant turn index of each token.
+        tool_response_distance: [B, T] long, overrides the distance derived from
+            `turn_ids` (negative: no tool response before the token).
+        cap: C of the IS weight stats (std/ESS on weights clamped to [1/C, C];
+            fraction_high/low count ρ > C and ρ < 1/C).
+        max_turns: turns 0..max_turns−1 get their own keys, later turns share `turn_{max}+`.
+        distance_edges: bucket edges of the distance metrics.
+        top_fraction: the concentration metric's share of tokens (0.01: top 1%).
+        prefix: namespace of every key.
+
+    Returns:
+        `{prefix}/name: value`, all finite. Per-turn/per-distance keys exist only for buckets
+        with tokens.
+    """
+    valid = loss_mask > 0
+    delta = masked_log_ratio(trainer_logprobs, sampler_logprobs, valid)  # [B, T]
+    rho = torch.exp(delta)
+    k3 = rho - delta - 1
+    num_tokens = valid.sum(dim=1)  # [B]
+    has_tokens = num_tokens > 0
+    n_total = num_tokens.sum().clamp(min=1)
+    out: dict[str, Tensor] = {}
+
+    def token_mean(x: Tensor) -> Tensor:
+        return torch.where(valid, x, torch.zeros_like(x)).sum() / n_total
+
+    out["kl"] = token_mean(-delta)
+    out["k3_kl"] = token_mean(k3)
+    out["chi2_token"] = token_mean(rho.square()) - 1
+    abs_delta = delta.abs()
+    out["abs_diff_mean"] = token_mean(abs_delta)
+    out["abs_diff_max"] = abs_delta.max() if abs_delta.numel() else torch.zeros(())
+    out["token_mult_prob_error"] = token_mean(torch.exp(abs_delta))
+
+    # Sequence level: means over sequences with at least one model token.
+    n_seq = has_tokens.sum().clamp(min=1)
+    per_seq_n = num_tokens.clamp(min=1).float()
+
+    def seq_mean(x: Tensor) -> Tensor:
+        return torch.where(has_tokens, x, torch.zeros_like(x)).sum() / n_seq
+
+    for name, logprobs in (("training", trainer_logprobs), ("rollout", sampler_logprobs)):
+        lp = torch.where(valid, logprobs.detach().float(), torch.zeros_like(delta))
+        lp = torch.nan_to_num(lp, nan=0.0, posinf=0.0, neginf=-1e4)
+        log_ppl = (-lp.sum(dim=1) / per_seq_n).clamp(-LOG_PPL_BOUND, LOG_PPL_BOUND)
+        out[f"{name}_log_ppl"] = seq_mean(log_ppl)
+        out[f"{name}_ppl"] = seq_mean(torch.exp(log_ppl))
+    seq_sum = delta.sum(dim=1)  # S
+    log_ppl_diff = -seq_sum / per_seq_n  # mean ℓ^μ − mean ℓ^old, per sequence
+    out["log_ppl_diff"] = seq_mean(log_ppl_diff)
+    out["log_ppl_abs_diff"] = seq_mean(log_ppl_diff.abs())
+    kept = log_ppl_diff[has_tokens]
+    out["log_ppl_diff_max"] = kept.max() if kept.numel() else torch.zeros(())
+    out["log_ppl_diff_min"] = kept.min() if kept.numel() else torch.zeros(())
+    out["ppl_ratio"] = seq_mean(clamped_exp(log_ppl_diff))
+    rho_seq = clamped_exp(seq_sum)
+    out["chi2_seq"] = seq_mean(rho_seq.square()) - 1
+
+    _moment_stats(rho[valid], cap, "is_token", out)
+    _moment_stats(rho_seq[has_tokens], cap, "is_seq", out)
+    out["num_tokens"] = num_tokens.sum().float()
+    out["num_seqs"] = has_tokens.sum().float()
+    out["nonfinite_tokens"] = count_nonfinite(trainer_logprobs, sampler_logprobs, valid).float()
+
+    flat_abs = abs_delta[valid]
+    num_top = max(1, math.ceil(top_fraction * flat_abs.numel())) if flat_abs.numel() else 0
+    total_abs = flat_abs.sum()
+    top = torch.topk(flat_abs, num_top).values.sum() if num_top else torch.zeros(())
+    share = torch.where(total_abs > 0, top / total_abs.clamp(min=1e-30), torch.zeros(()))
+    out[f"top{_percent(top_fraction)}pct_abs_diff_share"] = share
+
+    keys = list(out)
+    values = torch.stack([out[k].float().reshape(()) for k in keys]).tolist()
+    result = {f"{prefix}/{k}": v for k, v in zip(keys, values, strict=True)}
+
+    columns = torch.stack([-delta[valid], k3[valid], abs_delta[valid]], dim=1)  # [n, 3]
+    turn = turn_ids[valid].clamp(0, max_turns)
+    turn_labels = [f"turn_{k}" for k in range(max_turns)] + [f"turn_{max_turns}+"]
+    _emit_buckets(_bucket_table(turn, max_turns + 1, columns), turn_labels, prefix, result)
+
+    if tool_response_distance is None:
+        tool_response_distance = distance_from_tool_response(turn_ids, valid)
+    distance = tool_response_distance[valid]
+    edges = torch.tensor(distance_edges, dtype=distance.dtype, device=distance.device)
+    bucket = torch.where(distance < 0, 0, torch.bucketize(distance, edges, right=True) + 1)
+    lows = (0, *distance_edges)
+    dist_labels = ["tool_dist_none"] + [
+        f"tool_dist_{lo}-{hi - 1}" for lo, hi in zip(lows[:-1], distance_edges, strict=True)
+    ]
+    dist_labels.append(f"tool_dist_{distance_edges[-1]}+")
+    _emit_buckets(_bucket_table(bucket, len(dist_labels), columns), dist_labels, prefix, result)
+    return result
+
+
+def _percent(fraction: float) -> str:
+    value = fraction * 100
+    return f"{value:g}"
