@@ -296,7 +296,7 @@ def _stats(
             rejected.any(dim=1).sum() / num_seqs,
             (vetoed & seq_has).sum() / num_seqs,
             w.mean(),
-            (w.square().mean() - w.mean().square()).clamp(min=0).sqrt(),
+            (w - w.mean()).square().mean().sqrt(),
             w.min(),
             w.max(),
         ]

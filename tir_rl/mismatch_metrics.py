@@ -94,7 +94,7 @@ def _moment_stats(w: Tensor, cap: float, prefix: str, out: dict[str, Tensor]) ->
     mean_c = capped.mean()
     normalized = capped / mean_c
     out[f"{prefix}_mean"] = w.mean()
-    out[f"{prefix}_std"] = (capped.square().mean() - mean_c.square()).clamp(min=0).sqrt()
+    out[f"{prefix}_std"] = (capped - mean_c).square().mean().sqrt()
     out[f"{prefix}_min"] = w.min()
     out[f"{prefix}_max"] = w.max()
     out[f"{prefix}_ess"] = 1.0 / normalized.square().mean()

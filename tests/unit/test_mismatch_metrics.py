@@ -1,0 +1,211 @@
+import math
+
+import pytest
+import torch
+
+from tir_rl.mismatch import distance_from_tool_response, mismatch_metrics
+
+NAN, INF = float("nan"), float("inf")
+
+
+def mean(xs):
+    return sum(xs) / len(xs)
+
+
+def test_hand_computed_2x3_example_checks_every_formula():
+    trainer = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.2, 7.0]])
+    sampler = torch.tensor([[-1.1, -1.8, -0.5], [-0.5, -1.2, NAN]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    turns = torch.tensor([[0, 0, 1], [0, 0, 0]])
+    cap = 1.1
+    got = mismatch_metrics(trainer, sampler, mask, turns, cap=cap)
+
+    t = [trainer[0, 0], trainer[0, 1], trainer[0, 2], trainer[1, 0], trainer[1, 1]]
+    s = [sampler[0, 0], sampler[0, 1], sampler[0, 2], sampler[1, 0], sampler[1, 1]]
+    d = [(a - b).item() for a, b in zip(t, s, strict=True)]  # ≈ [0.1, -0.2, 0, 0.2, 0]
+    rho = [math.exp(x) for x in d]
+    seqs = [[0, 1, 2], [3, 4]]
+    big_s = [sum(d[i] for i in q) for q in seqs]
+    lpd = [-big_s[k] / len(q) for k, q in enumerate(seqs)]
+    train_lp = [-mean([t[i].item() for i in q]) for q in seqs]
+    roll_lp = [-mean([s[i].item() for i in q]) for q in seqs]
+
+    def weight_stats(w):
+        c = [min(max(x, 1 / cap), cap) for x in w]
+        mc = mean(c)
+        return {
+            "mean": mean(w), "min": min(w), "max": max(w),
+            "std": math.sqrt(mean([x * x for x in c]) - mc * mc),
+            "ess": 1 / mean([(x / mc) ** 2 for x in c]),
+            "fraction_high": mean([x > cap for x in w]),
+            "fraction_low": mean([x < 1 / cap for x in w]),
+        }
+
+    expected = {
+        "kl": mean([-x for x in d]),
+        "k3_kl": mean([r - x - 1 for r, x in zip(rho, d, strict=True)]),
+        "chi2_token": mean([r * r for r in rho]) - 1,
+        "abs_diff_mean": mean([abs(x) for x in d]),
+        "abs_diff_max": max(abs(x) for x in d),
+        "token_mult_prob_error": mean([math.exp(abs(x)) for x in d]),
+        "training_log_ppl": mean(train_lp),
+        "training_ppl": mean([math.exp(x) for x in train_lp]),
+        "rollout_log_ppl": mean(roll_lp),
+        "rollout_ppl": mean([math.exp(x) for x in roll_lp]),
+        "log_ppl_diff": mean(lpd),
+        "log_ppl_abs_diff": mean([abs(x) for x in lpd]),
+        "log_ppl_diff_max": max(lpd),
+        "log_ppl_diff_min": min(lpd),
+        "ppl_ratio": mean([math.exp(x) for x in lpd]),
+        "chi2_seq": mean([math.exp(2 * x) for x in big_s]) - 1,
+        "num_tokens": 5,
+        "num_seqs": 2,
+        "nonfinite_tokens": 0,
+        "top1pct_abs_diff_share": max(abs(x) for x in d) / sum(abs(x) for x in d),
+        "turn_0/kl": mean([-d[0], -d[1], -d[3], -d[4]]),
+        "turn_0/num_tokens": 4,
+        "turn_1/kl": -d[2],
+        "turn_1/abs_diff_mean": abs(d[2]),
+        "turn_1/num_tokens": 1,
+        "tool_dist_none/num_tokens": 4,
+        "tool_dist_0-7/num_tokens": 1,
+        "tool_dist_0-7/k3_kl": rho[2] - d[2] - 1,
+    }
+    for level, w in (("token", rho), ("seq", [math.exp(x) for x in big_s])):
+        for name, value in weight_stats(w).items():
+            expected[f"is_{level}_{name}"] = value
+    assert expected["is_token_fraction_high"] == 0.4 and expected["is_seq_fraction_low"] == 0.5
+    for key, value in expected.items():
+        assert got[f"mismatch/{key}"] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert all(k.startswith("mismatch/") for k in got)
+
+
+def test_identical_logprobs_give_zero_divergence_and_full_ess():
+    lp = -torch.rand(4, 12, generator=torch.Generator().manual_seed(0)) * 4
+    mask = (torch.rand(4, 12, generator=torch.Generator().manual_seed(1)) > 0.3).float()
+    turns = torch.arange(12).repeat(4, 1) // 4
+    got = mismatch_metrics(lp, lp.clone(), mask, turns)
+    for key in ("kl", "k3_kl", "chi2_token", "chi2_seq", "abs_diff_max", "log_ppl_diff"):
+        assert got[f"mismatch/{key}"] == 0.0, key
+    for key in ("ppl_ratio", "is_token_ess", "is_seq_ess", "is_token_mean", "is_seq_max"):
+        assert got[f"mismatch/{key}"] == 1.0, key
+    assert got["mismatch/training_ppl"] == got["mismatch/rollout_ppl"]
+
+
+def test_trainer_above_sampler_gives_ratio_above_one_and_negative_kl():
+    sampler = torch.full((1, 4), -2.0)
+    got = mismatch_metrics(sampler + 0.3, sampler, torch.ones(1, 4), torch.zeros(1, 4).long())
+    assert got["mismatch/is_token_min"] > 1 and got["mismatch/is_seq_mean"] > 1
+    assert got["mismatch/kl"] < 0 and got["mismatch/log_ppl_diff"] < 0
+
+
+def test_overflowing_log_ratios_keep_every_metric_finite():
+    sampler = torch.full((3, 10), -5.0)
+    trainer = sampler.clone()
+    trainer[0] += 50.0  # S = +500
+    trainer[1] -= 50.0  # S = -500
+    sampler[2, 3] = -INF  # a broken engine value on a model token
+    got = mismatch_metrics(trainer, sampler, torch.ones(3, 10), torch.zeros(3, 10).long())
+    assert all(math.isfinite(v) for v in got.values()), {k: v for k, v in got.items()}
+    assert got["mismatch/is_seq_max"] == pytest.approx(math.exp(20), rel=1e-5)
+    assert got["mismatch/is_token_min"] == pytest.approx(math.exp(-20), rel=1e-5)
+    assert got["mismatch/nonfinite_tokens"] == 1
+
+
+def _rows_with_tool_tokens(*, garbage: bool):
+    """The same three trajectories, with garbage tool/pad tokens or with them deleted."""
+    gen = torch.Generator().manual_seed(5)
+    rows = []
+    for length, turn_lengths in ((9, (4, 5)), (6, (6,)), (12, (3, 3, 6))):
+        trainer = -torch.rand(length, generator=gen) * 3
+        sampler = trainer + 0.2 * torch.randn(length, generator=gen)
+        turns = torch.cat([torch.full((n,), k) for k, n in enumerate(turn_lengths)])
+        rows.append((trainer, sampler, turns, turn_lengths))
+    width = 30
+    out = {k: [] for k in ("trainer", "sampler", "mask", "turns")}
+    junk = [NAN, INF, -INF, 0.0, 3.0]
+    for trainer, sampler, turns, turn_lengths in rows:
+        tr, sa, ma, tu = [], [], [], []
+        start = 0
+        for k, n in enumerate(turn_lengths):
+            if k > 0 and garbage:  # a tool response between turns, attributed to turn k-1
+                for j in range(3):
+                    tr.append(junk[j]), sa.append(junk[-1 - j]), ma.append(0), tu.append(k - 1)
+            tr += trainer[start : start + n].tolist()
+            sa += sampler[start : start + n].tolist()
+            ma += [1] * n
+            tu += turns[start : start + n].tolist()
+            start += n
+        pad = width - len(tr)
+        filler = [NAN] * pad if garbage else [0.0] * pad
+        tr += filler
+        sa += filler[::-1] if garbage else filler
+        ma += [0] * pad
+        tu += [tu[-1]] * pad
+        for key, values in zip(out, (tr, sa, ma, tu), strict=True):
+            out[key].append(values)
+    return (
+        torch.tensor(out["trainer"]),
+        torch.tensor(out["sampler"]),
+        torch.tensor(out["mask"], dtype=torch.float32),
+        torch.tensor(out["turns"]),
+    )
+
+
+def test_garbage_on_tool_and_pad_tokens_equals_deleting_them():
+    clean = mismatch_metrics(*_rows_with_tool_tokens(garbage=False))
+    dirty = mismatch_metrics(*_rows_with_tool_tokens(garbage=True))
+    assert clean.keys() == dirty.keys()
+    for key in clean:
+        assert dirty[key] == pytest.approx(clean[key], rel=1e-6, abs=1e-7), key
+    assert clean["mismatch/num_tokens"] == 27
+
+
+def test_distance_counts_model_tokens_since_the_last_tool_response():
+    # turn 0: 3 tokens | tool: 2 | turn 1: 10 | tool: 4 | turn 2: 40 | padding: 5
+    segments = [(0, 1, 3), (0, 0, 2), (1, 1, 10), (1, 0, 4), (2, 1, 40), (2, 0, 5)]
+    turns = torch.tensor([[t for t, _, n in segments for _ in range(n)]])
+    mask = torch.tensor([[float(m) for _, m, n in segments for _ in range(n)]])
+    distance = distance_from_tool_response(turns, mask > 0)[mask > 0]
+    assert distance.tolist() == [-1] * 3 + list(range(10)) + list(range(40))
+    got = mismatch_metrics(mask.clone(), mask.clone(), mask, turns, max_turns=2)
+    assert got["mismatch/tool_dist_none/num_tokens"] == 3
+    assert got["mismatch/tool_dist_0-7/num_tokens"] == 16
+    assert got["mismatch/tool_dist_8-31/num_tokens"] == 2 + 24
+    assert got["mismatch/tool_dist_32-127/num_tokens"] == 8
+    assert "mismatch/tool_dist_128+/num_tokens" not in got
+    assert got["mismatch/turn_1/num_tokens"] == 10
+    assert got["mismatch/turn_2+/num_tokens"] == 40
+
+
+def test_mismatch_right_after_a_tool_response_shows_in_the_first_bucket():
+    turns = torch.tensor([[0] * 20 + [1] * 40])
+    mask = torch.ones(1, 60)
+    mask[0, 18:20] = 0  # the tool response
+    sampler = torch.full((1, 60), -1.0)
+    trainer = sampler.clone()
+    trainer[0, 20:24] += 0.5  # the first tokens after the tool output diverge
+    got = mismatch_metrics(trainer, sampler, mask, turns)
+    assert got["mismatch/tool_dist_0-7/abs_diff_mean"] == pytest.approx(0.25)
+    assert got["mismatch/tool_dist_8-31/abs_diff_mean"] == 0
+    assert got["mismatch/tool_dist_none/abs_diff_mean"] == 0
+
+
+def test_top_one_percent_share_of_total_abs_diff():
+    sampler = torch.full((2, 100), -1.0)
+    trainer = sampler + 0.01
+    trainer[1, 7] = sampler[1, 7] + 1.0
+    got = mismatch_metrics(trainer, sampler, torch.ones(2, 100), torch.zeros(2, 100).long())
+    # 200 tokens: the top 1% are 2 tokens, 1.0 and 0.01, of a total 1.0 + 199 * 0.01
+    assert got["mismatch/top1pct_abs_diff_share"] == pytest.approx(1.01 / 2.99, rel=1e-4)
+
+
+def test_empty_sequences_are_left_out_of_sequence_means():
+    trainer = torch.tensor([[-1.0, -2.0], [NAN, NAN]])
+    sampler = torch.tensor([[-1.5, -2.0], [INF, 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+    got = mismatch_metrics(trainer, sampler, mask, torch.zeros(2, 2).long())
+    assert all(math.isfinite(v) for v in got.values())
+    assert got["mismatch/num_seqs"] == 1
+    assert got["mismatch/log_ppl_diff"] == pytest.approx(-0.25)
+    assert got["mismatch/is_seq_mean"] == pytest.approx(math.exp(0.5), rel=1e-6)
