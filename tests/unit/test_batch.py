@@ -1,0 +1,96 @@
+import pytest
+import torch
+
+from tir_rl.batch import Packing, TrainBatch, plan_micro_batches
+from tir_rl.errors import ConfigError
+from tir_rl.types import Trajectory
+
+
+def traj(prompt_len: int, completion_len: int, *, start: int = 1) -> Trajectory:
+    completion = list(range(start, start + completion_len))
+    return Trajectory(
+        prompt_ids=list(range(100, 100 + prompt_len)),
+        completion_ids=completion,
+        loss_mask=[1, 0] * (completion_len // 2) + [1] * (completion_len % 2),
+        sampler_logprobs=[-float(t) for t in completion],
+        turn_ids=[0] * completion_len,
+        reward=float(completion_len),
+        group_id=completion_len % 2,
+    )
+
+
+@pytest.fixture
+def batch() -> TrainBatch:
+    return TrainBatch.from_trajectories(
+        [traj(3, 5), traj(1, 12, start=20), traj(4, 2, start=40), traj(2, 7, start=60)]
+    )
+
+
+def test_from_trajectories_pads_per_token_lists(batch):
+    assert batch.completion_ids.shape == (4, 12)
+    assert batch.completion_lens.tolist() == [5, 12, 2, 7]
+    assert batch.completion_ids[0].tolist() == [1, 2, 3, 4, 5] + [0] * 7
+    assert batch.loss_mask[0].tolist() == [True, False, True, False, True] + [False] * 7
+    assert batch.sampler_logprobs[2, :2].tolist() == [-40.0, -41.0]
+    assert batch.turn_ids[2].tolist() == [0, 0] + [-1] * 10
+    assert batch.total_lens.tolist() == [8, 13, 6, 9]
+    assert batch.rewards.tolist() == [5.0, 12.0, 2.0, 7.0]
+
+
+def test_empty_prompt_is_refused():
+    with pytest.raises(ConfigError, match="empty prompt"):
+        TrainBatch.from_trajectories([traj(0, 3)])
+
+
+@pytest.mark.parametrize("packing", list(Packing))
+@pytest.mark.parametrize("budget", [1, 9, 14, 20, 1000])
+def test_plan_covers_every_completion_token_once_with_its_predicting_position(
+    batch, packing, budget
+):
+    seen = torch.zeros(batch.completion_ids.shape, dtype=torch.int64)
+    for mb in plan_micro_batches(batch, budget, packing):
+        # Over budget only when a single sequence alone is longer than the budget.
+        assert mb.num_padded_tokens <= budget or len(mb.seq_indices) == 1
+        seq = mb.seq_indices[mb.dest_seq]
+        seen[seq, mb.dest_tok] += 1
+        # The target is the completion token; the logit that predicts it sits one column left.
+        assert torch.equal(mb.targets, batch.completion_ids[seq, mb.dest_tok])
+        assert torch.equal(mb.input_ids[mb.row, mb.pred_pos + 1], mb.targets)
+        # The predicting position is the token's own position in its sequence minus one.
+        prompt_lens = torch.tensor([len(batch.prompt_ids[int(i)]) for i in seq])
+        assert torch.equal(mb.position_ids[mb.row, mb.pred_pos], prompt_lens + mb.dest_tok - 1)
+    valid = torch.arange(12)[None] < batch.completion_lens[:, None]
+    assert torch.equal(seen, valid.long())
+
+
+def test_packed_rows_restart_positions_and_carry_no_padding(batch):
+    plans = plan_micro_batches(batch, 20, Packing.PACKED)
+    assert sum(mb.num_padded_tokens for mb in plans) == batch.num_tokens
+    assert all(mb.input_ids.shape[0] == 1 for mb in plans)
+    row = next(mb for mb in plans if len(mb.seq_indices) > 1)
+    starts = (row.position_ids[0] == 0).nonzero().flatten().tolist()
+    assert len(starts) == len(row.seq_indices)
+
+
+def test_bucketed_sorts_by_length_and_pads_less_than_batch_order():
+    lengths = [40, 3, 38, 2, 41, 4]
+    batch = TrainBatch.from_trajectories([traj(1, n) for n in lengths])
+    bucketed = plan_micro_batches(batch, 130, Packing.BUCKETED)
+    padded = plan_micro_batches(batch, 130, Packing.PADDED)
+    packed = plan_micro_batches(batch, 130, Packing.PACKED)
+    cost = {
+        name: sum(mb.num_padded_tokens for mb in plan)
+        for name, plan in [("bucketed", bucketed), ("padded", padded), ("packed", packed)]
+    }
+    assert cost["packed"] == batch.num_tokens < cost["bucketed"] < cost["padded"]
+    assert [sorted(mb.seq_indices.tolist()) for mb in bucketed] == [[0, 2, 4], [1, 3, 5]]
+
+
+def test_select_and_shard(batch):
+    part = batch.shard(1, 2)
+    assert part.num_sequences == 2
+    assert part.completion_ids.shape == (2, 7)
+    assert part.completion_lens.tolist() == [2, 7]
+    assert torch.equal(part.prompt_ids[1], batch.prompt_ids[3])
+    with pytest.raises(ConfigError):
+        batch.shard(0, 3)

@@ -1,0 +1,203 @@
+"""Save and resume training: HF model, optimizer, RNG states, step, data position, config.
+
+Layout of a checkpoint folder::
+
+    step_000010/
+      model/             save_pretrained output + tokenizer: loadable by transformers and vLLM
+      optimizer.pt       unsharded (parameter-name keyed) optimizer state, from rank 0
+      rng_rank{r}.pt     python, numpy and torch RNG states of rank r
+      trainer_state.json step, data position, skip counters, trainer config, guard history
+      config.yaml        the run's config tree, when given
+
+Every rank calls `save` and `load` (they gather and scatter shards). Rank 0 writes into a
+hidden temporary folder and renames it at the end, so a crash never leaves half a
+checkpoint under the final name.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from tir_rl import distributed as tdist
+from tir_rl.config import dump, to_dict
+from tir_rl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tir_rl.collapse_guard import CollapseGuard
+    from tir_rl.trainer import Trainer
+
+MODEL_DIR = "model"
+_STATE_FILE = "trainer_state.json"
+
+
+@dataclass
+class ResumeState:
+    """What `load` hands back to the training loop."""
+
+    step: int
+    """Number of train steps done before the checkpoint."""
+    data_position: Any = None
+    """The caller's opaque data position (int or JSON-able dict), as saved."""
+    trainer_config: dict[str, Any] = field(default_factory=dict)
+    """The trainer config at save time (plain dict)."""
+
+
+def save(
+    path: str | Path,
+    trainer: Trainer,
+    *,
+    data_position: Any = None,
+    config: Any = None,
+    guard: CollapseGuard | None = None,
+) -> Path:
+    """Write a checkpoint of `trainer` to `path` (every rank must call this).
+
+    Args:
+        path: the checkpoint folder to create (replaced if it exists).
+        trainer: the trainer to save.
+        data_position: opaque, JSON-able position in the data stream.
+        config: the run's config tree (a dataclass), saved as YAML for reference.
+        guard: a collapse guard whose history is saved too.
+
+    Returns:
+        The checkpoint folder.
+    """
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.tmp"
+    if tdist.is_rank0():
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    tdist.barrier()
+
+    state = trainer.rank0_full_state_dict()
+    optim_state = tdist.full_optimizer_state_dict(trainer.model, trainer.optimizer)
+    torch.save(_rng_state(), tmp / f"rng_rank{tdist.rank()}.pt")
+    if tdist.is_rank0():
+        _save_model(trainer, state, tmp / MODEL_DIR)
+        torch.save(optim_state, tmp / "optimizer.pt")
+        record = {
+            "step": trainer.step,
+            "data_position": data_position,
+            "num_skipped_nonfinite": trainer.num_skipped_nonfinite,
+            "num_skipped_guard": trainer.num_skipped_guard,
+            "world_size": tdist.world_size(),
+            "trainer_config": to_dict(trainer.config),
+            "guard": guard.state_dict() if guard is not None else None,
+        }
+        (tmp / _STATE_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        if config is not None:
+            dump(config, tmp / "config.yaml")
+    tdist.barrier()
+    if tdist.is_rank0():
+        if path.exists():
+            shutil.rmtree(path)
+        tmp.rename(path)
+    tdist.barrier()
+    return path
+
+
+def load(path: str | Path, trainer: Trainer, *, guard: CollapseGuard | None = None) -> ResumeState:
+    """Restore `trainer` (weights, optimizer, RNG, step, counters) from a checkpoint.
+
+    Every rank must call this. The trainer must have been built with the same model
+    architecture; the world size may differ (RNG states then come from rank 0's file).
+
+    Raises:
+        ConfigError: `path` is not a finished checkpoint.
+    """
+    path = Path(path)
+    if not (path / _STATE_FILE).is_file():
+        raise ConfigError(f"{path} is not a tir-rl checkpoint (no {_STATE_FILE}).")
+    record = json.loads((path / _STATE_FILE).read_text())
+
+    model_state = {}
+    if tdist.is_rank0():
+        model_state = _read_safetensors(path / MODEL_DIR)
+        tied = getattr(getattr(trainer.model, "config", None), "tie_word_embeddings", False)
+        if tied and "lm_head.weight" not in model_state:  # save_pretrained drops tied copies
+            model_state["lm_head.weight"] = model_state["model.embed_tokens.weight"]
+    tdist.load_full_model_state_dict(trainer.model, model_state)
+    optim_state = (
+        torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
+        if tdist.is_rank0()
+        else {}
+    )
+    tdist.load_full_optimizer_state_dict(trainer.model, trainer.optimizer, optim_state)
+
+    trainer.step = int(record["step"])
+    trainer.num_skipped_nonfinite = int(record.get("num_skipped_nonfinite", 0))
+    trainer.num_skipped_guard = int(record.get("num_skipped_guard", 0))
+    if guard is not None and record.get("guard"):
+        guard.load_state_dict(record["guard"])
+    rng_file = path / f"rng_rank{tdist.rank()}.pt"
+    if not rng_file.is_file():
+        rng_file = path / "rng_rank0.pt"
+    _set_rng_state(torch.load(rng_file, weights_only=False))
+    tdist.barrier()
+    return ResumeState(
+        step=trainer.step,
+        data_position=record.get("data_position"),
+        trainer_config=record.get("trainer_config", {}),
+    )
+
+
+def _save_model(trainer: Trainer, state: dict[str, torch.Tensor], folder: Path) -> None:
+    from transformers import AutoTokenizer
+
+    model = trainer.model
+    model.save_pretrained(folder, state_dict=state, safe_serialization=True)
+    # FSDP2 renames the model class (FSDPLlamaForCausalLM); write the real architecture.
+    config_file = folder / "config.json"
+    config = json.loads(config_file.read_text())
+    config["architectures"] = [_unwrapped_class_name(model)]
+    config_file.write_text(json.dumps(config, indent=2) + "\n")
+    AutoTokenizer.from_pretrained(trainer.model_path).save_pretrained(folder)
+
+
+def _unwrapped_class_name(model: torch.nn.Module) -> str:
+    from torch.distributed.fsdp import FSDPModule
+
+    for cls in type(model).__mro__:
+        if not issubclass(cls, FSDPModule):
+            return cls.__name__
+    raise AssertionError("unreachable: nn.Module is not an FSDPModule")
+
+
+def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"No .safetensors files in {folder}.")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(file))
+    return state
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

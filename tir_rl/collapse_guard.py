@@ -1,0 +1,214 @@
+"""Collapse guard: flag spikes in gradient norm and mismatch metrics before they are applied.
+
+Training collapses in long-horizon tool use tend to announce themselves: the sampler/trainer
+mismatch (k3 KL, chi-square) and the gradient norm jump by orders of magnitude within a
+step or two. The guard compares each watched metric with the rolling median of its recent
+history (and with optional absolute limits); on a spike it returns typed `Alert`s, saves
+the offending batch and metrics for inspection, and tells the loop what to do
+(`continue`, `skip_step`, or `stop`, after which the loop checkpoints and exits).
+
+The guard is deterministic given the metric stream, so every rank reaches the same decision
+when fed the same (all-reduced) metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import statistics
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class GuardAction(StrEnum):
+    """What the training loop does when the guard fires."""
+
+    CONTINUE = "continue"
+    """Log the alert and apply the step anyway."""
+    SKIP_STEP = "skip_step"
+    """Drop this step's update (gradients zeroed, optimizer untouched) and go on."""
+    STOP = "stop"
+    """Drop this step's update, save a checkpoint and end the run cleanly."""
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One watched metric that spiked."""
+
+    step: int
+    metric: str
+    value: float
+    threshold: float
+    """The limit it crossed (relative or absolute, whichever fired first)."""
+    reason: str
+    """`relative` (value > factor × rolling median), `absolute`, or `nonfinite`."""
+    median: float | None = None
+    """Rolling median of the history at the time, when there was enough history."""
+
+
+@dataclass(frozen=True)
+class GuardDecision:
+    """The guard's verdict for one step."""
+
+    action: GuardAction
+    """CONTINUE when nothing fired."""
+    alerts: tuple[Alert, ...] = ()
+    saved_to: Path | None = None
+    """Folder holding the offending batch and metrics, when saved."""
+
+    @property
+    def fired(self) -> bool:
+        """Whether any watched metric spiked."""
+        return bool(self.alerts)
+
+    @property
+    def apply_update(self) -> bool:
+        """Whether the optimizer step should be applied."""
+        return self.action is GuardAction.CONTINUE
+
+
+class CollapseGuard:
+    """Watches per-step metrics for spikes relative to their recent history."""
+
+    @dataclass(kw_only=True)
+    class Config:
+        """Collapse guard settings."""
+
+        enabled: bool = True
+        """Turn the guard off entirely (no checks, no saves)."""
+        watch: tuple[str, ...] = ("train/grad_norm", "mismatch/k3_kl", "mismatch/chi2_token")
+        """Metric names checked against their rolling median."""
+        factor: float = 10.0
+        """A value above `factor` × rolling median of its history is a spike."""
+        window: int = 20
+        """Number of past steps in the rolling history."""
+        min_history: int = 5
+        """Relative checks start once this many past values are known."""
+        min_median: float = 1e-8
+        """Floor under the median, so a zero history (an exact sampler) does not flag noise."""
+        absolute: dict[str, float] = field(default_factory=dict)
+        """Hard upper limits per metric name (checked from the first step), e.g.
+        `{"mismatch/k3_kl": 0.01}`."""
+        action: GuardAction = GuardAction.CONTINUE
+        """What the loop does on a spike: continue, skip_step or stop."""
+        save_dir: Path | None = None
+        """Folder for offending batches (one subfolder per step); None saves nothing."""
+        max_saved: int = 20
+        """Stop saving batches after this many (alerts keep being reported)."""
+
+    def __init__(self, config: CollapseGuard.Config | None = None) -> None:
+        self.config = config or CollapseGuard.Config()
+        self._history: dict[str, deque[float]] = {
+            name: deque(maxlen=self.config.window) for name in self.config.watch
+        }
+        self.num_alerts = 0
+        self.num_saved = 0
+
+    def check(
+        self,
+        step: int,
+        metrics: Mapping[str, float],
+        *,
+        batch: Mapping[str, Any] | None = None,
+        rank: int = 0,
+    ) -> GuardDecision:
+        """Check one step's metrics, update the history, save the batch on a spike.
+
+        Args:
+            step: the training step (names the saved folder).
+            metrics: this step's metrics; watched names that are missing are ignored.
+            batch: tensors of the offending batch to save (e.g. `TrainBatch.tensors()`).
+            rank: this process's rank; each rank saves its own share of the batch.
+
+        Returns:
+            The decision; `action` is CONTINUE unless something fired.
+        """
+        cfg = self.config
+        if not cfg.enabled:
+            return GuardDecision(GuardAction.CONTINUE)
+        alerts = []
+        for name in (*cfg.watch, *(k for k in cfg.absolute if k not in cfg.watch)):
+            if name not in metrics:
+                continue
+            alert = self._check_one(step, name, float(metrics[name]))
+            if alert is not None:
+                alerts.append(alert)
+            if name in self._history and math.isfinite(float(metrics[name])):
+                self._history[name].append(float(metrics[name]))
+        if not alerts:
+            return GuardDecision(GuardAction.CONTINUE)
+        self.num_alerts += 1
+        for alert in alerts:
+            logger.warning(
+                "collapse guard, step %d: %s = %.4g over %s threshold %.4g (action: %s)",
+                step, alert.metric, alert.value, alert.reason, alert.threshold, cfg.action,
+            )  # fmt: skip
+        saved = self._save(step, metrics, alerts, batch, rank)
+        return GuardDecision(cfg.action, tuple(alerts), saved)
+
+    def _check_one(self, step: int, name: str, value: float) -> Alert | None:
+        cfg = self.config
+        if not math.isfinite(value):
+            return Alert(step, name, value, math.inf, "nonfinite")
+        limit = cfg.absolute.get(name)
+        if limit is not None and value > limit:
+            return Alert(step, name, value, limit, "absolute")
+        history = self._history.get(name)
+        if history is not None and len(history) >= cfg.min_history:
+            median = statistics.median(history)
+            threshold = cfg.factor * max(median, cfg.min_median)
+            if value > threshold:
+                return Alert(step, name, value, threshold, "relative", median)
+        return None
+
+    def _save(
+        self,
+        step: int,
+        metrics: Mapping[str, float],
+        alerts: list[Alert],
+        batch: Mapping[str, Any] | None,
+        rank: int,
+    ) -> Path | None:
+        cfg = self.config
+        if cfg.save_dir is None or self.num_saved >= cfg.max_saved:
+            return None
+        folder = Path(cfg.save_dir) / f"step_{step:06d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        if batch is not None:
+            torch.save(dict(batch), folder / f"batch_rank{rank}.pt")
+        if rank == 0:
+            record = {
+                "step": step,
+                "alerts": [dataclasses.asdict(a) for a in alerts],
+                "metrics": {k: float(v) for k, v in metrics.items()},
+            }
+            (folder / "alert.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+        self.num_saved += 1
+        return folder
+
+    def state_dict(self) -> dict[str, Any]:
+        """History and counters, for checkpoints."""
+        return {
+            "history": {k: list(v) for k, v in self._history.items()},
+            "num_alerts": self.num_alerts,
+            "num_saved": self.num_saved,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what `state_dict` returned."""
+        for name, values in state.get("history", {}).items():
+            if name in self._history:
+                self._history[name].clear()
+                self._history[name].extend(values)
+        self.num_alerts = int(state.get("num_alerts", 0))
+        self.num_saved = int(state.get("num_saved", 0))

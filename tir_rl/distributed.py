@@ -1,0 +1,276 @@
+"""Process groups and every collective tir-rl uses (gloo on CPU, NCCL on GPU).
+
+Nothing outside this module calls `torch.distributed` directly. Every helper also works
+without a process group (one process, world size 1): reductions return their input and
+barriers return at once, so the same trainer code runs on a laptop and under torchrun.
+
+Functions named `rank0_*` return their result on rank 0 only (an empty value elsewhere).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
+from enum import StrEnum
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+class ReduceOp(StrEnum):
+    """How a scalar is combined across ranks."""
+
+    SUM = "sum"
+    MEAN = "mean"
+    MAX = "max"
+    MIN = "min"
+
+
+def is_initialized() -> bool:
+    """Whether a default process group exists."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    """This process's global rank (0 without a process group)."""
+    return dist.get_rank() if is_initialized() else 0
+
+
+def world_size() -> int:
+    """Number of ranks (1 without a process group)."""
+    return dist.get_world_size() if is_initialized() else 1
+
+
+def is_rank0() -> bool:
+    """Whether this process is rank 0."""
+    return rank() == 0
+
+
+def backend_for(device: torch.device) -> str:
+    """The collective backend for `device`: NCCL for CUDA, gloo otherwise."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def init_process_group(
+    *,
+    device: torch.device | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    timeout_s: float = 600.0,
+) -> bool:
+    """Create the default process group if this process is part of a multi-rank job.
+
+    Arguments default to torchrun's environment variables (`RANK`, `WORLD_SIZE`,
+    `MASTER_ADDR`, `MASTER_PORT`). With world size 1 and no group requested, nothing is
+    created and False is returned.
+
+    Args:
+        device: the device the trainer uses; picks gloo (CPU) or NCCL (CUDA).
+        rank: this process's rank.
+        world_size: number of processes.
+        master_addr: rendezvous host.
+        master_port: rendezvous port.
+        timeout_s: collective timeout.
+
+    Returns:
+        Whether a process group is initialized after the call.
+    """
+    if is_initialized():
+        return True
+    world_size = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return False
+    rank = rank if rank is not None else int(os.environ.get("RANK", "0"))
+    os.environ["MASTER_ADDR"] = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(master_port or os.environ.get("MASTER_PORT", "29500"))
+    device = device or torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend_for(device),
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    return True
+
+
+def destroy_process_group() -> None:
+    """Tear down the default process group, if any."""
+    if is_initialized():
+        dist.destroy_process_group()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now on `host` (for local multi-process runs)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def barrier() -> None:
+    """Wait for every rank."""
+    if is_initialized():
+        dist.barrier()
+
+
+def _device() -> torch.device:
+    if is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+_TORCH_OPS = {
+    ReduceOp.SUM: "SUM",
+    ReduceOp.MEAN: "SUM",
+    ReduceOp.MAX: "MAX",
+    ReduceOp.MIN: "MIN",
+}
+
+
+def all_reduce_tensor(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM) -> torch.Tensor:
+    """Reduce a tensor across ranks; returns a new tensor (the input is left untouched)."""
+    if not is_initialized():
+        return tensor.clone()
+    out = tensor.detach().to(_device(), copy=True)
+    dist.all_reduce(out, op=getattr(dist.ReduceOp, _TORCH_OPS[op]))
+    if op is ReduceOp.MEAN:
+        out = out / world_size()
+    return out.to(tensor.device)
+
+
+def all_reduce_scalar(value: float, op: ReduceOp = ReduceOp.SUM) -> float:
+    """Reduce one float across ranks (float64 on the wire)."""
+    return float(all_reduce_tensor(torch.tensor(value, dtype=torch.float64), op).item())
+
+
+def all_reduce_count(value: int, op: ReduceOp = ReduceOp.SUM) -> int:
+    """Reduce one integer count across ranks."""
+    return int(all_reduce_tensor(torch.tensor(value, dtype=torch.int64), op).item())
+
+
+def all_gather_object(obj: object) -> list[object]:
+    """Every rank's picklable `obj`, in rank order."""
+    if not is_initialized():
+        return [obj]
+    out: list[object] = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def all_reduce_metrics(
+    metrics: Mapping[str, float], ops: Mapping[str, ReduceOp] | None = None
+) -> dict[str, float]:
+    """Reduce a flat metrics dict across ranks in a few collectives.
+
+    Ranks may hold different keys (e.g. per-turn buckets only some ranks have): the result
+    has the union, each reduced over the ranks that have it. A key's op comes from `ops`,
+    else from its name: names containing `max` take the maximum, `min` the minimum,
+    everything else the mean over the ranks holding the key.
+    """
+    if not is_initialized():
+        return dict(metrics)
+    keys = sorted({k for ks in all_gather_object(sorted(metrics)) for k in ks})  # type: ignore[union-attr]  # lists of str
+    ops = dict(ops or {})
+    by_op: dict[ReduceOp, list[str]] = {}
+    for key in keys:
+        by_op.setdefault(ops.get(key) or _op_from_name(key), []).append(key)
+    out: dict[str, float] = {}
+    for op, names in by_op.items():
+        present = torch.tensor([float(k in metrics) for k in names], dtype=torch.float64)
+        fill = {ReduceOp.MAX: -math.inf, ReduceOp.MIN: math.inf}.get(op, 0.0)
+        values = torch.tensor([float(metrics.get(k, fill)) for k in names], dtype=torch.float64)
+        if op is ReduceOp.MEAN:
+            both = all_reduce_tensor(torch.stack([values, present]), ReduceOp.SUM)
+            reduced = both[0] / both[1].clamp(min=1)
+        else:
+            reduced = all_reduce_tensor(values, op)
+        out.update(zip(names, reduced.tolist(), strict=True))
+    return out
+
+
+def _op_from_name(name: str) -> ReduceOp:
+    leaf = name.rsplit("/", 1)[-1]
+    if "max" in leaf:
+        return ReduceOp.MAX
+    if "min" in leaf:
+        return ReduceOp.MIN
+    return ReduceOp.MEAN
+
+
+def broadcast_object(obj: object, src: int = 0) -> object:
+    """Send a picklable object from rank `src` to every rank."""
+    if not is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def broadcast_tensor(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+    """Overwrite `tensor` in place on every rank with rank `src`'s values."""
+    if is_initialized():
+        dist.broadcast(tensor, src=src)
+    return tensor
+
+
+def grad_norm(parameters: Iterable[nn.Parameter]) -> torch.Tensor:
+    """Global L2 norm of the gradients of (possibly sharded) parameters, identical on all ranks.
+
+    FSDP2 gradients are DTensor shards; the norm of the full gradient needs a reduction,
+    which `full_tensor()` does. Parameters without a gradient are skipped.
+    """
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+    if hasattr(total, "full_tensor"):
+        total = total.full_tensor()
+    return total.detach().float().cpu()
+
+
+def full_model_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Unsharded state dict (CPU tensors) on rank 0; an empty dict on other ranks."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = get_model_state_dict(model, options=options)
+    if not is_rank0():
+        return {}
+    return {k: v.detach().cpu() for k, v in state.items()}
+
+
+def load_full_model_state_dict(model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Load an unsharded state dict held by rank 0 into a (possibly sharded) model."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=is_initialized())
+    set_model_state_dict(model, dict(state), options=options)
+
+
+def full_optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """Unsharded, FQN-keyed optimizer state on rank 0; an empty dict on other ranks."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = get_optimizer_state_dict(model, optimizer, options=options)
+    return state if is_rank0() else {}
+
+
+def load_full_optimizer_state_dict(
+    model: nn.Module, optimizer: torch.optim.Optimizer, state: Mapping
+) -> None:
+    """Load an unsharded optimizer state dict held by rank 0 (other ranks pass `{}`)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=is_initialized())
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=dict(state), options=options)

@@ -1,0 +1,482 @@
+"""FSDP2 policy trainer: logprob recompute, mismatch correction, GRPO update, weights for sync.
+
+One `train_step` on each rank, on that rank's share of the global batch::
+
+    TrainBatch ──► compute_logprobs (no grad, micro-batches) ──► ℓ_old        [B, T]
+        │                                                         │
+        │ sampler logprobs ℓ_μ ──────────► mismatch_metrics(ℓ_old, ℓ_μ) ──► mismatch/*
+        │                                  correction(ℓ_old, ℓ_μ) ──► weights w, mask m′
+        │                                                         │
+        │               global normalizer N = Σ m′ over all micro-batches and ranks
+        ▼                                                         ▼
+    micro-batches (packed) ──► forward ℓ_θ ──► GRPOLoss(ℓ_θ, ℓ_old, A, m′, w, N) ──► backward
+                                                                  │
+    grad norm (pre-clip, global) ──► non-finite? skip and count ──► guard? ──► clip ──► AdamW
+
+The trainer's logprob of completion token t comes from the logits at position t − 1 over the
+full prompt + completion context (all turns), divided by the sampler's temperature, through
+log_softmax in float32.
+
+Sharding: with a process group of world size > 1, every decoder layer and then the root get
+`fully_shard` (FSDP2), and gradients are summed (not averaged) across ranks because the
+loss is already divided by the global normalizer. At world size 1 the model stays a plain
+module (FSDP2 would only add overhead there). Ranks may hold different numbers of
+micro-batches; the shorter ones run empty passes so the collectives stay matched.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from tir_rl import distributed as tdist
+from tir_rl.batch import MicroBatch, Packing, TrainBatch, plan_micro_batches
+from tir_rl.collapse_guard import CollapseGuard, GuardAction, GuardDecision
+from tir_rl.errors import ConfigError
+from tir_rl.grpo import GRPOLoss
+from tir_rl.mismatch import BypassMode, MismatchCorrection, correction, mismatch_metrics
+from tir_rl.models import resolve_model
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class PolicyLoss(Protocol):
+    """What the trainer needs from a loss (`tir_rl.grpo.GRPOLoss` fits)."""
+
+    def __call__(
+        self,
+        logprobs: torch.Tensor,
+        *,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        loss_mask: torch.Tensor,
+        weights: torch.Tensor | None = None,
+        num_global_tokens: int | None = None,
+        num_global_sequences: int | None = None,
+    ) -> tuple[torch.Tensor, Any]:
+        """Return the globally normalized loss of a micro-batch and its metrics."""
+        ...
+
+
+@dataclass
+class StepResult:
+    """What one `train_step` did."""
+
+    loss: float
+    """Global loss (sum over micro-batches and ranks of the globally normalized loss)."""
+    grad_norm: float
+    """Global gradient L2 norm before clipping."""
+    skipped: bool
+    """True when the optimizer step was not applied (non-finite values or the guard)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """`train/...` and `mismatch/...` metrics, identical on every rank."""
+    guard: GuardDecision | None = None
+    """The collapse guard's verdict, when a guard was given."""
+
+    @property
+    def stop(self) -> bool:
+        """Whether the guard asked the loop to checkpoint and stop."""
+        return self.guard is not None and self.guard.action is GuardAction.STOP
+
+
+class Trainer:
+    """Holds the policy model and its optimizer on this rank; runs GRPO steps."""
+
+    @dataclass(kw_only=True)
+    class Config:
+        """Trainer settings."""
+
+        model: str = "tiny"
+        """`bundled`, `tiny`, or a local Hugging Face checkpoint folder."""
+        lr: float = 1e-6
+        """AdamW learning rate."""
+        betas: tuple[float, float] = (0.9, 0.999)
+        """AdamW betas."""
+        eps: float = 1e-8
+        """AdamW epsilon."""
+        weight_decay: float = 0.0
+        """AdamW decoupled weight decay."""
+        max_grad_norm: float = 1.0
+        """Clip the global gradient norm to this; 0 or less disables clipping."""
+        micro_batch_tokens: int = 4096
+        """Token budget of one forward/backward pass (padding included when not packed)."""
+        temperature: float = 1.0
+        """Sampling temperature; must equal the sampler's (logits are divided by it)."""
+        dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+        """Parameter and compute dtype (float32 on the CPU; logprobs are always float32)."""
+        packing: Packing = Packing.PACKED
+        """`packed` (padding-free rows), `bucketed` (length-sorted padded micro-batches) or
+        `padded` (batch order, for comparison)."""
+        grad_checkpointing: bool = False
+        """Recompute activations in backward to save memory."""
+        attn_implementation: str = "sdpa"
+        """transformers attention kernel; must honour position_ids packing (sdpa, flash)."""
+        seed: int = 0
+        """Seeds python, numpy and torch at construction."""
+        device: str = "auto"
+        """`auto` (CUDA when available, else CPU), `cpu`, `cuda`, or `cuda:N`."""
+
+        def validate(self) -> None:
+            """Check values a user can get wrong."""
+            if self.temperature <= 0:
+                raise ConfigError(f"trainer.temperature must be > 0, got {self.temperature}.")
+            if self.micro_batch_tokens <= 0:
+                raise ConfigError("trainer.micro_batch_tokens must be positive.")
+            if self.lr < 0:
+                raise ConfigError(f"trainer.lr must be >= 0, got {self.lr}.")
+
+    def __init__(
+        self,
+        config: Trainer.Config | None = None,
+        *,
+        loss_fn: PolicyLoss | None = None,
+        correction_config: MismatchCorrection.Config | None = None,
+    ) -> None:
+        """Load the model, shard it when a multi-rank process group exists, build AdamW.
+
+        Args:
+            config: trainer settings.
+            loss_fn: the policy loss; defaults to `GRPOLoss()` with its default config.
+            correction_config: mismatch correction; defaults to metrics only (no correction).
+        """
+        from transformers import AutoModelForCausalLM
+
+        self.config = config or Trainer.Config()
+        self.config.validate()
+        seed_everything(self.config.seed + tdist.rank())
+        self.device = _pick_device(self.config.device)
+        self.model_path = resolve_model(self.config.model)
+        model = AutoModelForCausalLM.from_pretrained(
+            self.model_path,
+            dtype=_DTYPES[self.config.dtype],
+            attn_implementation=self.config.attn_implementation,
+        )
+        model.config.use_cache = False
+        if self.config.grad_checkpointing:
+            model.gradient_checkpointing_enable()
+        model.to(self.device)
+        self.sharded = tdist.world_size() > 1
+        if self.sharded:
+            _apply_fsdp2(model)
+        self.model: nn.Module = model
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=self.config.lr,
+            betas=self.config.betas,
+            eps=self.config.eps,
+            weight_decay=self.config.weight_decay,
+        )
+        self.loss_fn: PolicyLoss = loss_fn if loss_fn is not None else GRPOLoss()
+        self.correction_config = correction_config or MismatchCorrection.Config()
+        if self.correction_config.bypass is BypassMode.REINFORCE:
+            raise ConfigError(
+                "correction.bypass='reinforce' needs per-micro-batch weights from ℓ^θ, which "
+                "Trainer does not implement; use bypass 'off' or 'ppo_clip'."
+            )
+        self.step = 0
+        """Number of train_step calls so far (applied or skipped)."""
+        self.num_skipped_nonfinite = 0
+        self.num_skipped_guard = 0
+
+    # ------------------------------------------------------------------ logprobs
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """Trainer logprobs of every completion token, without gradients.
+
+        Returns:
+            [B, T] float32 on the CPU, aligned with `batch.completion_ids`; 0 past each
+            completion's end. Tool/rendered tokens get their logprob too (the mask decides).
+        """
+        was_training = self.model.training
+        self.model.eval()
+        out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32)
+        micro_batches = self._plan(batch)
+        for mb in self._matched(micro_batches):
+            if mb is None:
+                self._empty_pass(backward=False)
+                continue
+            logprobs = self._forward_logprobs(mb).float().cpu()
+            out[mb.seq_indices[mb.dest_seq], mb.dest_tok] = logprobs
+        self.model.train(was_training)
+        return out
+
+    def _plan(self, batch: TrainBatch) -> list[MicroBatch]:
+        return plan_micro_batches(batch, self.config.micro_batch_tokens, self.config.packing)
+
+    def _matched(self, micro_batches: list[MicroBatch]) -> list[MicroBatch | None]:
+        """Pad the list with None so every rank runs the same number of passes."""
+        num = tdist.all_reduce_count(len(micro_batches), tdist.ReduceOp.MAX)
+        return [*micro_batches, *([None] * (num - len(micro_batches)))]
+
+    def _forward_logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        """[n] logprobs of the micro-batch's completion tokens (with grad if enabled)."""
+        keep = torch.unique(mb.pred_pos)  # sorted; lm_head runs on these columns only
+        column = torch.searchsorted(keep, mb.pred_pos)
+        output = self.model(
+            input_ids=mb.input_ids.to(self.device),
+            position_ids=mb.position_ids.to(self.device),
+            logits_to_keep=keep.to(self.device),
+            use_cache=False,
+        )
+        logits = output.logits[mb.row.to(self.device), column.to(self.device)]  # [n, V]
+        logits = logits.float() / self.config.temperature
+        logprobs = torch.log_softmax(logits, dim=-1)
+        return logprobs.gather(-1, mb.targets.to(self.device)[:, None]).squeeze(-1)
+
+    def _empty_pass(self, *, backward: bool) -> None:
+        """A one-token pass contributing nothing, to keep FSDP collectives matched."""
+        ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
+        logits = self.model(input_ids=ids, use_cache=False).logits
+        if backward:
+            (logits.float().sum() * 0.0).backward()
+
+    # ------------------------------------------------------------------ training
+
+    def train_step(
+        self,
+        batch: TrainBatch,
+        advantages: torch.Tensor,
+        *,
+        old_logprobs: torch.Tensor | None = None,
+        guard: CollapseGuard | None = None,
+    ) -> StepResult:
+        """One optimizer step on this rank's share of the global batch.
+
+        Args:
+            batch: this rank's sequences.
+            advantages: [B] GRPO advantage per sequence.
+            old_logprobs: [B, T] trainer logprobs under the weights that sampled the batch;
+                recomputed here when None (pass them to reuse one recompute over several
+                steps on the same batch).
+            guard: collapse guard consulted before the update is applied.
+
+        Returns:
+            The loss, pre-clip gradient norm, whether the step was skipped, and metrics.
+        """
+        t_start = time.perf_counter()
+        advantages = advantages.detach().float().cpu()
+        if advantages.shape != (batch.num_sequences,):
+            raise ConfigError(
+                f"advantages must have shape [{batch.num_sequences}], got {tuple(advantages.shape)}"
+            )
+        if old_logprobs is None:
+            old_logprobs = self.compute_logprobs(batch)
+        old_logprobs = old_logprobs.detach().float().cpu()
+        t_logprobs = time.perf_counter()
+
+        metrics = mismatch_metrics(
+            old_logprobs, batch.sampler_logprobs, batch.loss_mask, batch.turn_ids
+        )
+        corrected = correction(
+            old_logprobs,
+            batch.sampler_logprobs,
+            batch.loss_mask,
+            batch.turn_ids,
+            self.correction_config,
+        )
+        weights = corrected.weights.detach()
+        mask = corrected.loss_mask.detach().bool()
+        metrics.update(corrected.stats.to_dict())
+        if self.correction_config.bypass is BypassMode.PPO_CLIP:
+            old_logprobs = batch.sampler_logprobs  # ℓ^old := ℓ^μ; weights are all 1
+        t_mismatch = time.perf_counter()
+
+        num_tokens = tdist.all_reduce_count(int(mask.sum()))
+        num_sequences = tdist.all_reduce_count(int(mask.any(dim=-1).sum()))
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        local_loss = 0.0
+        collected: list[tuple[float, dict[str, float]]] = []
+        for mb in self._matched(self._plan(batch)):
+            if mb is None:
+                self._empty_pass(backward=True)
+                continue
+            loss, mb_metrics = self._micro_loss(
+                mb, old_logprobs, advantages, mask, weights, num_tokens, num_sequences
+            )
+            loss.backward()
+            local_loss += float(loss.detach())
+            collected.append((float(mask[mb.seq_indices].sum()), _as_dict(mb_metrics)))
+        t_backward = time.perf_counter()
+
+        loss_metrics = _combine_micro_metrics(collected)
+        total_loss = tdist.all_reduce_scalar(local_loss)
+        grad_norm = float(tdist.grad_norm(self.model.parameters()))
+        metrics = {f"mismatch/{k}" if "/" not in k else k: float(v) for k, v in metrics.items()}
+        metrics.update({_train_key(k): v for k, v in loss_metrics.items()})
+        metrics = tdist.all_reduce_metrics(metrics)
+        finite = math.isfinite(total_loss) and math.isfinite(grad_norm)
+        metrics.update(
+            {
+                "train/loss": total_loss,
+                "train/grad_norm": grad_norm,
+                "train/num_loss_tokens": float(num_tokens),
+                "train/num_loss_sequences": float(num_sequences),
+                "train/num_masked_by_correction": float(
+                    tdist.all_reduce_count(int(batch.loss_mask.sum()) - int(mask.sum()))
+                ),
+            }
+        )
+
+        decision = None
+        if guard is not None:
+            decision = guard.check(
+                self.step, metrics, batch=batch.tensors() | {"advantages": advantages},
+                rank=tdist.rank(),
+            )  # fmt: skip
+        skipped = True
+        if not finite:
+            self.num_skipped_nonfinite += 1
+            logger.warning("step %d: non-finite loss or gradient; update skipped", self.step)
+        elif decision is not None and not decision.apply_update:
+            self.num_skipped_guard += 1
+        else:
+            self._clip(grad_norm)
+            self.optimizer.step()
+            skipped = False
+        self.optimizer.zero_grad(set_to_none=True)
+        t_end = time.perf_counter()
+
+        num_tokens_computed = tdist.all_reduce_count(batch.num_tokens)
+        metrics.update(
+            {
+                "train/skipped": float(skipped),
+                "train/skipped_nonfinite": float(self.num_skipped_nonfinite),
+                "train/skipped_guard": float(self.num_skipped_guard),
+                "train/logprob_s": t_logprobs - t_start,
+                "train/mismatch_s": t_mismatch - t_logprobs,
+                "train/backward_s": t_backward - t_mismatch,
+                "train/step_s": t_end - t_start,
+                "train/tokens_per_s": 2 * num_tokens_computed / max(t_end - t_start, 1e-9),
+            }
+        )
+        self.step += 1
+        return StepResult(total_loss, grad_norm, skipped, metrics, decision)
+
+    def _micro_loss(
+        self,
+        mb: MicroBatch,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        weights: torch.Tensor,
+        num_tokens: int,
+        num_sequences: int,
+    ) -> tuple[torch.Tensor, Mapping[str, Any]]:
+        seqs = mb.seq_indices
+        width = int(mb.dest_tok.max()) + 1 if len(mb.dest_tok) else 1
+        token_logprobs = self._forward_logprobs(mb)
+        logprobs = torch.zeros(len(seqs), width, device=self.device, dtype=torch.float32)
+        logprobs = logprobs.index_put(
+            (mb.dest_seq.to(self.device), mb.dest_tok.to(self.device)), token_logprobs
+        )  # [b, width], carries grad
+        dev = self.device
+        return self.loss_fn(
+            logprobs,
+            old_logprobs=old_logprobs[seqs, :width].to(dev),
+            advantages=advantages[seqs].to(dev),
+            loss_mask=mask[seqs, :width].to(dev),
+            weights=weights[seqs, :width].to(dev),
+            num_global_tokens=num_tokens,
+            num_global_sequences=num_sequences,
+        )
+
+    def _clip(self, grad_norm: float) -> None:
+        max_norm = self.config.max_grad_norm
+        if max_norm <= 0 or grad_norm <= max_norm:
+            return
+        scale = max_norm / (grad_norm + 1e-6)
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(scale)
+
+    # ------------------------------------------------------------------ weights
+
+    def rank0_full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Unsharded HF-named state dict (CPU) on rank 0, for the engine; `{}` elsewhere.
+
+        Every rank must call it (it gathers shards).
+        """
+        return tdist.full_model_state_dict(self.model)
+
+
+def _as_dict(metrics: Any) -> dict[str, float]:
+    """A loss's metrics as a flat dict (`PolicyLossMetrics.to_dict` or a mapping)."""
+    if hasattr(metrics, "to_dict"):
+        metrics = metrics.to_dict()
+    return {str(k): float(v) for k, v in dict(metrics).items()}
+
+
+_NOT_AVERAGED = ("loss", "num_tokens")  # the trainer reports these itself, globally
+
+
+def _combine_micro_metrics(collected: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
+    """Token-weighted mean over micro-batches (max/min for `*_max`/`*_min` keys)."""
+    out: dict[str, float] = {}
+    total = sum(w for w, _ in collected)
+    for key in {k for _, m in collected for k in m}:
+        leaf = key.rsplit("/", 1)[-1]
+        if leaf in _NOT_AVERAGED:
+            continue
+        values = [(w, m[key]) for w, m in collected if key in m and w > 0]
+        if not values:
+            continue
+        if "max" in leaf:
+            out[key] = max(v for _, v in values)
+        elif "min" in leaf:
+            out[key] = min(v for _, v in values)
+        else:
+            out[key] = sum(w * v for w, v in values) / max(total, 1e-12)
+    return out
+
+
+def _train_key(key: str) -> str:
+    return key if key.startswith("train/") else f"train/{key.split('/', 1)[-1]}"
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _pick_device(name: str) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"trainer.device={name!r} but CUDA is not available; use 'cpu'.")
+    return device
+
+
+def _apply_fsdp2(model: nn.Module) -> None:
+    """fully_shard every decoder layer, then the root; gradients summed across ranks."""
+    from torch.distributed.fsdp import fully_shard
+
+    layer_classes = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
+    if not layers:
+        raise ConfigError(
+            f"Cannot find decoder layers of {type(model).__name__} to shard "
+            "(its `_no_split_modules` names none of its submodules)."
+        )
+    for layer in layers:
+        fully_shard(layer)
+        layer.set_gradient_divide_factor(1.0)
+    fully_shard(model)
+    model.set_gradient_divide_factor(1.0)
