@@ -19,6 +19,7 @@ See `docs/mismatch.md` for what each metric means and which correction to pick.
 """
 
 from tir_rl.mismatch_correction import (
+    PRESET_NAMES,
     BypassMode,
     CorrectionResult,
     CorrectionStats,
@@ -38,6 +39,7 @@ __all__ = [
     "CorrectionStats",
     "ISLevel",
     "MismatchCorrection",
+    "PRESET_NAMES",
     "correction",
     "distance_from_tool_response",
     "masked_log_ratio",

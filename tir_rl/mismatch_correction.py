@@ -62,6 +62,8 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "geo_rs_token_tis": {"is_level": ISLevel.TOKEN, "is_cap": 2.0, "geo_mask": (0.999, 1.001)},
 }
 _PRESETS["icepop"] = _PRESETS["token_mis"]
+PRESET_NAMES = tuple(sorted(_PRESETS))
+"""Names accepted by `MismatchCorrection.Config.preset`."""
 
 
 @dataclass(frozen=True)
