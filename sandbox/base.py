@@ -19,6 +19,11 @@ class ExecResult:
     timed_out: bool = False
     value: Any = None
     """For `call_function`: the function's JSON-decoded return value."""
+    state_lost: bool = False
+    """The interpreter was killed (hard timeout, memory, crash) during this call: the next
+    call runs in a fresh interpreter, without the variables or files of earlier calls."""
+    duration_s: float = 0.0
+    """Wall-clock time of the call as seen by the host."""
 
     @property
     def ok(self) -> bool:

@@ -46,9 +46,14 @@ _MERGED_USR = {"bin": "usr/bin", "sbin": "usr/sbin", "lib": "usr/lib", "lib64": 
 
 
 def default_cache_dir() -> Path:
-    """Where staging roots live (``$TIR_RL_CACHE`` or ``~/.cache/tir-rl``)."""
-    base = os.environ.get("TIR_RL_CACHE") or Path.home() / ".cache" / "tir-rl"
-    return Path(base) / "sandbox"
+    """Where staging roots live: ``$TIR_RL_SANDBOX_CACHE``, else ``/var/cache/tir-rl/sandbox``
+    for root (the bubblewrap backend drops to an unprivileged user that must read it), else
+    ``~/.cache/tir-rl/sandbox``."""
+    if os.environ.get("TIR_RL_SANDBOX_CACHE"):
+        return Path(os.environ["TIR_RL_SANDBOX_CACHE"])
+    if os.geteuid() == 0:
+        return Path("/var/cache/tir-rl/sandbox")
+    return Path.home() / ".cache" / "tir-rl" / "sandbox"
 
 
 @dataclass(kw_only=True)
@@ -94,6 +99,11 @@ class ImageBuilder:
         stage = rootfs.with_name(rootfs.name + ".partial")
         shutil.rmtree(stage, ignore_errors=True)
         stage.mkdir(parents=True)
+        for folder in (stage, *stage.parents):  # the unprivileged bwrap user must reach it
+            if folder == Path(folder.anchor) or (folder.stat().st_mode & 0o005) == 0o005:
+                break
+            if folder.is_relative_to(self.config.cache_dir.parent):
+                folder.chmod(folder.stat().st_mode | 0o755)
         self._stage_debian(stage, packages)
         self._stage_python(stage, dists)
         self._stage_system(stage, digest)
