@@ -1,0 +1,111 @@
+"""Overhead of mismatch metrics + correction relative to a training step's loss fwd/bwd.
+
+The step is: model forward over prompt + completion, logprobs of the completion tokens,
+GRPOLoss, backward. The mismatch work is `mismatch_metrics` + `correction` (recommended
+preset) on the same [B, T] completion tensors, with multi-turn masks and turn ids.
+
+    python bench/mismatch_overhead.py                 # tiny Llama (default)
+    python bench/mismatch_overhead.py --model bundled --batch 4 --completion 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from tir_rl.grpo import GRPOLoss
+from tir_rl.mismatch import MismatchCorrection, correction, mismatch_metrics
+from tir_rl.models import prepare_bundled_model, prepare_tiny_model
+
+
+def multi_turn_layout(batch: int, length: int, *, num_turns: int, tool_len: int):
+    """loss_mask and turn_ids with `num_turns` turns separated by tool blocks."""
+    mask = torch.ones(batch, length)
+    turns = torch.zeros(batch, length, dtype=torch.long)
+    turn_len = length // num_turns
+    for k in range(num_turns):
+        start = k * turn_len
+        turns[:, start:] = k
+        if k > 0:
+            mask[:, start : start + tool_len] = 0
+            turns[:, start : start + tool_len] = k - 1
+    mask[batch // 2 :, -length // 4 :] = 0  # shorter episodes: padding
+    return mask, turns
+
+
+def median_s(fn, reps: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=["tiny", "bundled"], default="tiny")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--prompt", type=int, default=64)
+    parser.add_argument("--completion", type=int, default=448)
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args()
+
+    from transformers import AutoModelForCausalLM
+
+    path = prepare_tiny_model() if args.model == "tiny" else prepare_bundled_model()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model.train()
+    gen = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    batch, prompt, completion = args.batch, args.prompt, args.completion
+    input_ids = torch.randint(0, vocab, (batch, prompt + completion), generator=gen)
+    loss_mask, turn_ids = multi_turn_layout(batch, completion, num_turns=4, tool_len=24)
+    advantages = torch.randn(batch, generator=gen)
+    loss_fn = GRPOLoss()
+
+    def completion_logprobs() -> torch.Tensor:
+        logits = model(input_ids=input_ids).logits[:, prompt - 1 : -1].float()
+        targets = input_ids[:, prompt:]
+        return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+    with torch.no_grad():
+        old = completion_logprobs()
+    sampler = old + 0.03 * torch.randn(old.shape, generator=gen)
+    sampler[loss_mask == 0] = 0.0
+    config = MismatchCorrection.Config.preset("geo_rs_token_tis")
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        logprobs = completion_logprobs()
+        loss, _ = loss_fn(logprobs, old_logprobs=old, advantages=advantages, loss_mask=loss_mask)
+        loss.backward()
+
+    def mismatch() -> None:
+        mismatch_metrics(old, sampler, loss_mask, turn_ids)
+        result = correction(old, sampler, loss_mask, turn_ids, config)
+        result.stats.to_dict()
+
+    step_s = median_s(step, args.reps)
+    mismatch_s = median_s(mismatch, args.reps * 4)
+    rows = [
+        ("model", args.model),
+        ("batch x (prompt + completion)", f"{batch} x ({prompt} + {completion})"),
+        ("torch threads", str(torch.get_num_threads())),
+        ("loss fwd+bwd step (ms)", f"{step_s * 1e3:.1f}"),
+        ("mismatch metrics + correction (ms)", f"{mismatch_s * 1e3:.2f}"),
+        ("overhead ratio (mismatch / step)", f"{100 * mismatch_s / step_s:.2f}%"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    print(f"| {'quantity'.ljust(width)} | value |")
+    print(f"| {'-' * width} | ----- |")
+    for key, value in rows:
+        print(f"| {key.ljust(width)} | {value} |")
+
+
+if __name__ == "__main__":
+    main()
