@@ -154,6 +154,11 @@ def _save_model(trainer: Trainer, state: dict[str, torch.Tensor], folder: Path) 
     from transformers import AutoTokenizer
 
     model = trainer.model
+    if getattr(model.config, "tie_word_embeddings", False):
+        # Unsharded FSDP2 state holds the tied copies as separate tensors; keep one, as
+        # save_pretrained does for a plain module.
+        tied = getattr(model, "_tied_weights_keys", None) or ()
+        state = {k: v for k, v in state.items() if k not in set(tied)}
     model.save_pretrained(folder, state_dict=state, safe_serialization=True)
     # FSDP2 renames the model class (FSDPLlamaForCausalLM); write the real architecture.
     config_file = folder / "config.json"

@@ -475,8 +475,7 @@ def _apply_fsdp2(model: nn.Module) -> None:
             f"Cannot find decoder layers of {type(model).__name__} to shard "
             "(its `_no_split_modules` names none of its submodules)."
         )
-    for layer in layers:
-        fully_shard(layer)
-        layer.set_gradient_divide_factor(1.0)
-    fully_shard(model)
-    model.set_gradient_divide_factor(1.0)
+    for module in [*layers, model]:
+        fully_shard(module)
+        module.set_gradient_divide_factor(1.0)
+        module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM

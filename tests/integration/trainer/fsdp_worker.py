@@ -1,0 +1,47 @@
+"""One rank of the FSDP2 equivalence test (run by test_fsdp.py as a subprocess).
+
+Usage: python fsdp_worker.py OUT_DIR RANK WORLD_SIZE PORT MODEL_PATH
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from trainer_helpers import make_batch
+
+from tir_rl import checkpoint
+from tir_rl import distributed as tdist
+from tir_rl.trainer import Trainer
+
+# Rank 0's half is short (one packed row), rank 1's is long (several rows), so the ranks run
+# different numbers of micro-batches and the empty passes are exercised.
+SHAPES = ((3, [4]), (2, [3]), (10, [12, 9]), (8, [14]))
+ADVANTAGES = torch.tensor([1.0, -1.0, 0.5, -0.25])
+
+
+def main(out: Path, rank: int, world_size: int, port: int, model: str) -> None:
+    tdist.init_process_group(rank=rank, world_size=world_size, master_port=port)
+    trainer = Trainer(Trainer.Config(model=model, lr=1e-3, micro_batch_tokens=24))
+    assert trainer.sharded == (world_size > 1)
+    batch = make_batch(seed=1, shapes=SHAPES)
+    per = batch.num_sequences // world_size
+    result = trainer.train_step(
+        batch.shard(rank, world_size), ADVANTAGES[rank * per : (rank + 1) * per]
+    )
+    state = trainer.rank0_full_state_dict()
+    path = checkpoint.save(out / "ckpt", trainer, data_position=3)
+    resumed = checkpoint.load(path, trainer)
+    assert resumed.data_position == 3
+    if rank == 0:
+        torch.save({"state": state, "loss": result.loss, "grad_norm": result.grad_norm,
+                    "metrics": result.metrics}, out / "result.pt")  # fmt: skip
+    else:
+        assert state == {}
+    tdist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    out_dir, rank_, world, port_, model_path = sys.argv[1:6]
+    main(Path(out_dir), int(rank_), int(world), int(port_), model_path)

@@ -1,0 +1,119 @@
+"""Trainer updates: learning signal, every parameter moves, non-finite skips, the guard."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from trainer_helpers import make_batch, with_sampler_logprobs
+
+from tir_rl.collapse_guard import CollapseGuard, GuardAction
+from tir_rl.mismatch import MismatchCorrection
+
+
+def params(trainer) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+
+
+def sequence_logprob(trainer, batch) -> torch.Tensor:
+    logprobs = trainer.compute_logprobs(batch)
+    return torch.where(batch.loss_mask, logprobs, torch.zeros_like(logprobs)).sum(dim=1)
+
+
+def test_positive_advantage_raises_the_sequences_logprob_and_moves_every_parameter(make_trainer):
+    trainer = make_trainer(lr=3e-3, micro_batch_tokens=24)
+    batch = make_batch()
+    batch = with_sampler_logprobs(batch, trainer.compute_logprobs(batch))
+    before_params = params(trainer)
+    before = sequence_logprob(trainer, batch)
+    for _ in range(4):
+        result = trainer.train_step(batch, torch.ones(batch.num_sequences))
+        assert not result.skipped
+        assert math.isfinite(result.loss) and result.grad_norm > 0
+    after = sequence_logprob(trainer, batch)
+    assert (after > before + 0.5).all(), (before, after)
+    unchanged = [n for n, p in trainer.model.named_parameters() if torch.equal(p, before_params[n])]
+    assert unchanged == []
+    assert result.metrics["train/num_loss_tokens"] == float(batch.loss_mask.sum())
+    assert "mismatch/k3_kl" in result.metrics and "train/clip_fraction_high" in result.metrics
+
+
+def test_grad_norm_is_logged_before_clipping_and_the_update_is_clipped(make_trainer):
+    batch = make_batch()
+    adv = torch.tensor([1.0, -1.0, 2.0, -0.5])
+    free = make_trainer(max_grad_norm=0.0, lr=1e-3)
+    clipped = make_trainer(max_grad_norm=1e-3, lr=1e-3)
+    r_free, r_clip = free.train_step(batch, adv), clipped.train_step(batch, adv)
+    assert r_clip.grad_norm == r_free.grad_norm > 1e-3
+    # Adam is (nearly) scale-invariant on the first step, so compare the second moments instead.
+    v_free = free.optimizer.state[next(free.model.parameters())]["exp_avg_sq"]
+    v_clip = clipped.optimizer.state[next(clipped.model.parameters())]["exp_avg_sq"]
+    scale = (1e-3 / r_free.grad_norm) ** 2
+    assert torch.allclose(v_clip, v_free * scale, rtol=1e-3, atol=1e-20)
+
+
+def test_nonfinite_loss_skips_the_step_and_is_counted(make_trainer):
+    trainer = make_trainer()
+    batch = make_batch()
+    before = params(trainer)
+    result = trainer.train_step(batch, torch.tensor([1.0, float("nan"), 0.5, -1.0]))
+    assert result.skipped
+    assert not math.isfinite(result.loss) or not math.isfinite(result.grad_norm)
+    assert result.metrics["train/skipped_nonfinite"] == 1.0
+    assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+    assert trainer.optimizer.state == {} or all(
+        int(s["step"]) == 0 for s in trainer.optimizer.state.values()
+    )
+    assert all(p.grad is None for p in trainer.model.parameters())
+    # The next finite step is applied normally.
+    result = trainer.train_step(batch, torch.tensor([1.0, -1.0, 0.5, -1.0]))
+    assert not result.skipped
+    assert result.metrics["train/skipped_nonfinite"] == 1.0
+    assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+
+
+def test_nonfinite_gradient_skips_the_step(make_trainer, monkeypatch):
+    trainer = make_trainer()
+    batch = make_batch()
+    before = params(trainer)
+    weight = trainer.model.model.norm.weight
+    handle = weight.register_hook(lambda g: g + float("inf"))
+    result = trainer.train_step(batch, torch.ones(batch.num_sequences))
+    handle.remove()
+    assert result.skipped and math.isfinite(result.loss) and not math.isfinite(result.grad_norm)
+    assert trainer.num_skipped_nonfinite == 1
+    assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+
+
+def test_guard_skip_step_drops_the_update_and_saves_the_batch(make_trainer, tmp_path):
+    trainer = make_trainer()
+    batch = make_batch()
+    guard = CollapseGuard(
+        CollapseGuard.Config(
+            absolute={"train/grad_norm": 1e-9}, action=GuardAction.SKIP_STEP, save_dir=tmp_path
+        )
+    )
+    before = params(trainer)
+    result = trainer.train_step(batch, torch.ones(batch.num_sequences), guard=guard)
+    assert result.skipped and result.guard is not None and result.guard.fired
+    assert result.metrics["train/skipped_guard"] == 1.0
+    assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+    saved = torch.load(result.guard.saved_to / "batch_rank0.pt", weights_only=False)
+    assert torch.equal(saved["completion_ids"], batch.completion_ids)
+    assert (result.guard.saved_to / "alert.json").is_file()
+
+
+def test_rejected_sequences_leave_the_normalizer(make_trainer):
+    trainer = make_trainer()
+    batch = make_batch()
+    trainer_lp = trainer.compute_logprobs(batch)
+    sampler = trainer_lp.clone()
+    sampler[1] -= 3.0  # sequence 1 is far off-policy: ρ_geo = e^3
+    batch = with_sampler_logprobs(batch, sampler)
+    trainer.correction_config = MismatchCorrection.Config.preset("geo_rs")
+    result = trainer.train_step(batch, torch.ones(batch.num_sequences))
+    kept = batch.loss_mask.clone()
+    kept[1] = False
+    assert result.metrics["train/num_loss_tokens"] == float(kept.sum())
+    assert result.metrics["train/num_loss_sequences"] == 3.0
+    assert result.metrics["train/num_masked_by_correction"] == float(batch.loss_mask[1].sum())
