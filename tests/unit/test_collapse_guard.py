@@ -1,0 +1,108 @@
+import json
+import math
+
+import pytest
+import torch
+
+from tir_rl.collapse_guard import CollapseGuard, GuardAction
+
+
+def feed(guard: CollapseGuard, values: list[float], name: str = "mismatch/k3_kl"):
+    return [guard.check(step, {name: v}) for step, v in enumerate(values)]
+
+
+def test_steady_values_never_fire():
+    guard = CollapseGuard(CollapseGuard.Config(factor=10, window=5, min_history=3))
+    decisions = feed(guard, [1e-3, 2e-3, 1.5e-3, 3e-3, 1e-3, 2.5e-3, 9e-3])
+    assert not any(d.fired for d in decisions)
+    assert all(d.apply_update for d in decisions)
+
+
+def test_a_spike_over_factor_times_the_rolling_median_fires():
+    guard = CollapseGuard(CollapseGuard.Config(factor=10, window=5, min_history=3))
+    feed(guard, [1e-3, 2e-3, 1e-3, 1e-3])
+    decision = guard.check(4, {"mismatch/k3_kl": 5e-2, "train/grad_norm": 1.0})
+    assert decision.fired and decision.action is GuardAction.CONTINUE and decision.apply_update
+    (alert,) = decision.alerts
+    assert alert.metric == "mismatch/k3_kl" and alert.reason == "relative"
+    assert alert.median == pytest.approx(1e-3) and alert.threshold == pytest.approx(1e-2)
+    assert alert.step == 4 and alert.value == 5e-2
+
+
+def test_no_relative_check_before_min_history():
+    guard = CollapseGuard(CollapseGuard.Config(factor=2, min_history=3))
+    assert not any(d.fired for d in feed(guard, [1.0, 100.0, 1e4]))
+    assert guard.check(3, {"mismatch/k3_kl": 1e9}).fired
+
+
+def test_the_window_forgets_old_values():
+    guard = CollapseGuard(CollapseGuard.Config(factor=10, window=3, min_history=3))
+    feed(guard, [1.0, 1.0, 1.0, 50.0, 50.0, 50.0])  # the 50s flag once, then become the norm
+    assert not guard.check(6, {"mismatch/k3_kl": 60.0}).fired
+    assert guard.check(7, {"mismatch/k3_kl": 600.0}).fired
+
+
+def test_absolute_threshold_fires_from_the_first_step_and_on_unwatched_metrics():
+    guard = CollapseGuard(CollapseGuard.Config(absolute={"mismatch/kl": 0.1}))
+    decision = guard.check(0, {"mismatch/kl": 0.5})
+    assert [a.reason for a in decision.alerts] == ["absolute"]
+    assert not guard.check(1, {"mismatch/kl": 0.05}).fired
+
+
+def test_nonfinite_values_fire_and_stay_out_of_the_history():
+    guard = CollapseGuard(CollapseGuard.Config(min_history=2))
+    decision = guard.check(0, {"train/grad_norm": math.nan})
+    assert decision.alerts[0].reason == "nonfinite"
+    assert guard.state_dict()["history"]["train/grad_norm"] == []
+
+
+def test_zero_history_uses_the_median_floor():
+    guard = CollapseGuard(CollapseGuard.Config(factor=10, min_history=2, min_median=1e-6))
+    feed(guard, [0.0, 0.0, 0.0])
+    assert not guard.check(3, {"mismatch/k3_kl": 5e-6}).fired
+    assert guard.check(4, {"mismatch/k3_kl": 2e-5}).fired
+
+
+@pytest.mark.parametrize(
+    ("action", "apply"),
+    [(GuardAction.CONTINUE, True), (GuardAction.SKIP_STEP, False), (GuardAction.STOP, False)],
+)
+def test_configured_action_is_returned_on_a_spike(action, apply):
+    guard = CollapseGuard(CollapseGuard.Config(absolute={"train/grad_norm": 5.0}, action=action))
+    assert guard.check(0, {"train/grad_norm": 1.0}).action is GuardAction.CONTINUE
+    decision = guard.check(1, {"train/grad_norm": 6.0})
+    assert decision.action is action and decision.apply_update is apply
+
+
+def test_offending_batch_and_metrics_are_saved(tmp_path):
+    config = CollapseGuard.Config(absolute={"train/grad_norm": 5.0}, save_dir=tmp_path, max_saved=1)
+    guard = CollapseGuard(config)
+    batch = {"completion_ids": torch.arange(6).view(2, 3), "advantages": torch.tensor([1.0, -1.0])}
+    decision = guard.check(12, {"train/grad_norm": 7.0, "mismatch/kl": 0.3}, batch=batch)
+    assert decision.saved_to == tmp_path / "step_000012"
+    saved = torch.load(decision.saved_to / "batch_rank0.pt")
+    assert torch.equal(saved["completion_ids"], batch["completion_ids"])
+    record = json.loads((decision.saved_to / "alert.json").read_text())
+    assert record["step"] == 12 and record["metrics"]["mismatch/kl"] == 0.3
+    assert record["alerts"][0]["metric"] == "train/grad_norm"
+    # max_saved caps the number of saved batches, not the alerts.
+    again = guard.check(13, {"train/grad_norm": 9.0}, batch=batch)
+    assert again.fired and again.saved_to is None
+
+
+def test_disabled_guard_does_nothing(tmp_path):
+    config = CollapseGuard.Config(
+        enabled=False, absolute={"train/grad_norm": 0.0}, save_dir=tmp_path
+    )
+    assert not CollapseGuard(config).check(0, {"train/grad_norm": 1e9}).fired
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_state_dict_round_trip_keeps_the_decisions():
+    config = CollapseGuard.Config(factor=10, min_history=3)
+    a = CollapseGuard(config)
+    feed(a, [1.0, 1.0, 1.0])
+    b = CollapseGuard(config)
+    b.load_state_dict(a.state_dict())
+    assert b.check(3, {"mismatch/k3_kl": 20.0}).fired == a.check(3, {"mismatch/k3_kl": 20.0}).fired
+    assert b.num_alerts == a.num_alerts == 1
