@@ -140,7 +140,7 @@ class ChoiceNode(TypeNode):
     @override
     def convert(self, value: Any, path: str, problems: list[str]) -> Any:
         for json_value, python_value in zip(self.json_values, self.python_values, strict=True):
-            if type(value) is type(json_value) and value == json_value:
+            if _same_json(value, json_value):
                 return python_value
         return self.reject(value, path, problems)
 
@@ -196,6 +196,13 @@ def describe_value(value: Any) -> str:
     if isinstance(value, dict):
         return "object"
     return type(value).__name__
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """JSON equality: 1 == 1.0, but true is not 1 and "1" is not 1."""
+    if isinstance(a, bool) or isinstance(b, bool) or not isinstance(a, int | float):
+        return type(a) is type(b) and a == b
+    return isinstance(b, int | float) and a == b
 
 
 def _json_kind(value: Any) -> str:

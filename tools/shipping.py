@@ -47,13 +47,16 @@ def shipped_source(
     """
     where = f"sandbox tool '{name}'"
     if not isinstance(fn, types.FunctionType):
-        raise ToolDefinitionError(f"{where} must be a plain `def` function, got {fn!r}")
+        raise ToolDefinitionError(
+            f"{where} must be a plain `def` function with no decorator but @tool, got {fn!r}"
+        )
     if inspect.iscoroutinefunction(fn):
         raise ToolDefinitionError(f"{where} must be a plain `def`, not `async def`")
-    if fn.__code__.co_freevars:
+    free = [v for v in fn.__code__.co_freevars if v != fn.__name__]  # recursion is fine
+    if free:
         raise ToolDefinitionError(
             f"{where} uses variables of an enclosing function "
-            f"({', '.join(fn.__code__.co_freevars)}); only its own source is shipped, "
+            f"({', '.join(free)}); only its own source is shipped, "
             "so pass these values as arguments or define them inside the function"
         )
     func_def, lines = _parse(fn, where)

@@ -234,7 +234,7 @@ def _signature(fn: Callable[..., Any], name: str) -> inspect.Signature:
 
 
 def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
-    target = fn if inspect.isfunction(fn) or inspect.ismethod(fn) else type(fn).__call__
+    target = fn if hasattr(fn, "__annotations__") else type(fn).__call__  # callable objects
     return typing.get_type_hints(target)
 
 
