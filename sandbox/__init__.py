@@ -4,7 +4,7 @@
 from tir_rl.sandbox import open_episode
 with open_episode() as sb:                   # one episode's sandbox from the warm pool
     sb.run("x = 41", timeout_s=5)
-    sb.run("print(x + 1)", timeout_s=5).stdout   # '42\\n'
+    sb.run("print(x + 1)", timeout_s=5).stdout   # "42" and a newline
 ```
 
 Backends (`SandboxConfig.backend`): ``docker`` (default; see docker.py), ``bwrap``
@@ -22,10 +22,11 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from tir_rl.errors import ConfigError
 from tir_rl.sandbox.base import ExecResult, Sandbox
 from tir_rl.sandbox.bwrap import BwrapBackend
 from tir_rl.sandbox.docker import DockerBackend
+
+from tir_rl.errors import ConfigError
 
 __all__ = [
     "Backend", "ExecResult", "Sandbox", "SandboxConfig", "configure", "get_pool",

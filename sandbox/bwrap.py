@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tir_rl.errors import SetupError
 from tir_rl.sandbox.image import ImageBuilder, repl_source
 from tir_rl.sandbox.pool import CellLimits, WarmPool
 from tir_rl.sandbox.protocol import (
@@ -40,6 +39,8 @@ from tir_rl.sandbox.protocol import (
     decode_response,
     encode_request,
 )
+
+from tir_rl.errors import SetupError
 
 logger = logging.getLogger(__name__)
 
@@ -227,7 +228,7 @@ class PipeWorker:
         try:
             code = self.proc.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
-            return "the interpreter stopped answering"
+            return None  # alive but its stream broke or was corrupted: the caller's reason
         if self.cgroup is not None and self.cgroup.oom_killed():
             return "the memory limit was exceeded and the interpreter was killed"
         if code < 0 or code > 128:

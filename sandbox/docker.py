@@ -23,7 +23,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from tir_rl.errors import SandboxError, SetupError
 from tir_rl.sandbox.image import repl_source
 from tir_rl.sandbox.pool import CellLimits, WarmPool
 from tir_rl.sandbox.protocol import (
@@ -34,6 +33,8 @@ from tir_rl.sandbox.protocol import (
     decode_response,
     encode_request,
 )
+
+from tir_rl.errors import SandboxError, SetupError
 
 logger = logging.getLogger(__name__)
 
@@ -223,7 +224,7 @@ class DockerWorker:
         try:
             self._sock.settimeout(max(timeout_s, 0.001))
             self._sock.sendall(encode_request(payload))
-        except (TimeoutError, socket.timeout) as exc:
+        except TimeoutError as exc:
             raise WorkerTimeout() from exc
         except OSError as exc:
             raise WorkerDied(f"the interpreter's stream broke: {exc}") from exc
@@ -268,7 +269,7 @@ class DockerWorker:
         if state.get("OOMKilled"):
             return "the memory limit was exceeded and the interpreter was killed"
         if state.get("Running"):
-            return "the interpreter stopped answering"
+            return None  # alive but its stream broke or was corrupted: the caller's reason
         if code is not None and code > 128:
             sig = code - 128
             what = {9: "SIGKILL", 11: "SIGSEGV (segmentation fault)", 6: "SIGABRT",

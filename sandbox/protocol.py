@@ -8,7 +8,6 @@ to and kill workers; everything above (pool, episode, messages) is shared.
 from __future__ import annotations
 
 import json
-import socket
 import time
 from typing import Any, Protocol
 
@@ -71,7 +70,7 @@ class LineReader:
                 raise WorkerTimeout()
             try:
                 chunk = self._recv(1 << 16, remaining)
-            except (TimeoutError, socket.timeout) as exc:
+            except TimeoutError as exc:
                 raise WorkerTimeout() from exc
             except OSError as exc:
                 raise WorkerDied(f"the interpreter's stream broke: {exc}") from exc

@@ -46,9 +46,11 @@ _MERGED_USR = {"bin": "usr/bin", "sbin": "usr/sbin", "lib": "usr/lib", "lib64": 
 
 
 def default_cache_dir() -> Path:
-    """Where staging roots live: ``$TIR_RL_SANDBOX_CACHE``, else ``/var/cache/tir-rl/sandbox``
-    for root (the bubblewrap backend drops to an unprivileged user that must read it), else
-    ``~/.cache/tir-rl/sandbox``."""
+    """Where staging roots live.
+
+    ``$TIR_RL_SANDBOX_CACHE``, else ``/var/cache/tir-rl/sandbox`` for root (the bubblewrap
+    backend drops to an unprivileged user that must read it), else ``~/.cache/tir-rl/sandbox``.
+    """
     if os.environ.get("TIR_RL_SANDBOX_CACHE"):
         return Path(os.environ["TIR_RL_SANDBOX_CACHE"])
     if os.geteuid() == 0:

@@ -34,6 +34,8 @@ import traceback
 
 PROTOCOL_VERSION = 1
 MAIN_PID = os.getpid()
+# Bound now, so user code that replaces json.dumps, os.write or builtins cannot break replies.
+_dumps, _loads, _os_write, _repr = json.dumps, json.loads, os.write, repr
 
 
 class CellTimeout(BaseException):
@@ -140,6 +142,7 @@ class Server:
         self.cell_index = 0
         self.proto_in = os.fdopen(os.dup(0), "rb", buffering=0)
         self.proto_out = os.fdopen(os.dup(1), "wb", buffering=0)
+        self.proto_fd = self.proto_out.fileno()
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
@@ -150,6 +153,7 @@ class Server:
         sys.stderr = open(2, "w", closefd=False, errors="backslashreplace", buffering=1)  # noqa: SIM115
         os.register_at_fork(after_in_child=self._after_fork)
         signal.signal(signal.SIGALRM, _on_timer)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # too-large writes raise OSError instead
         for name in config.get("preload", []):
             __import__(name)
 
@@ -172,14 +176,16 @@ class Server:
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
                 try:
-                    response = self._handle(json.loads(line))
+                    response = self._handle(_loads(line))
                 except Exception as exc:  # noqa: BLE001 - a bad request must not kill the server
                     response = {"error": f"bad request: {exc!r}"}
                 self._send(response)
 
     def _send(self, response):
-        data = (json.dumps(response, ensure_ascii=True) + "\n").encode("ascii")
-        self.proto_out.write(data)
+        data = (_dumps(response, ensure_ascii=True) + "\n").encode("ascii")
+        view = memoryview(data)
+        while view:
+            view = view[_os_write(self.proto_fd, view) :]
 
     def _handle(self, request):
         op = request.get("op")
@@ -235,7 +241,7 @@ class Server:
                 value = eval(tail, self.namespace)
                 if value is not None:
                     self.namespace["_"] = value
-                    return _cap(repr(value), self.max_output, "the result")
+                    return _cap(_repr(value), self.max_output, "the result")
             return None
 
         result, error, timed_out = self._timed(work, timeout_s)
