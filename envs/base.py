@@ -1,0 +1,369 @@
+"""`ToolEnv`: the gymnasium environment base class of tir-rl.
+
+An episode is a conversation. ``reset`` returns the task's opening messages (system prompt
+and question) and a typed `ResetInfo` carrying the task's tools. ``step`` takes one assistant
+message whose tool calls the chat module has already parsed:
+
+* if it calls tools, the env runs them through its `ToolRegistry` (code tools in the
+  episode's sandbox) and returns one tool message per call; a model mistake (unknown tool,
+  bad arguments, malformed call, a tool that raised) becomes an error tool message, never
+  an exception;
+* otherwise it is the final turn: the env reads the answer (see `tir_rl.envs.answers`),
+  scores it and terminates. A turn with neither a tool call nor an answer gets a user nudge
+  (up to ``Config.max_nudges`` times) and then terminates with reward 0.
+
+Subclasses implement `build_tools`, `generate_task`, `instructions` and `score`; see
+``docs/environments.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+import gymnasium
+from gymnasium.error import ResetNeeded
+from tir_rl.envs.answers import ExtractedAnswer, extract_answer
+from tir_rl.envs.sandbox_handle import LazySandbox
+
+from tir_rl.errors import ConfigError, SandboxError
+from tir_rl.types import Message, Role, ToolCall, ToolErrorKind, ToolResult
+
+if TYPE_CHECKING:
+    from tir_rl.sandbox.base import Sandbox
+    from tir_rl.tools import ToolRegistry
+
+SandboxFactory = Callable[[], AbstractContextManager["Sandbox"]]
+"""Opens one episode's sandbox; default `tir_rl.sandbox.open_episode`."""
+
+NUDGE = (
+    "You did not call a tool and gave no final answer. Either call a tool, or reply with "
+    "your final answer inside <answer></answer> tags."
+)
+"""The user message sent after a turn with neither a tool call nor an answer."""
+
+
+class Split(StrEnum):
+    """Which task pool an environment draws from; pools of one environment never overlap."""
+
+    TRAIN = "train"
+    TEST = "test"
+
+
+@dataclass(frozen=True)
+class Task:
+    """One problem: what the model is asked and what counts as right."""
+
+    id: str
+    """Stable identifier (the same seed or task index always gives the same id)."""
+    question: str
+    """The user message."""
+    answer: str
+    """The reference answer, as text."""
+    split: Split
+    difficulty: int
+    """1 (easiest) and up; what it means is environment-specific."""
+    data: dict[str, Any] = field(default_factory=dict)
+    """Environment-specific parameters (the generator's inputs, for verification)."""
+
+
+@dataclass(frozen=True)
+class ResetInfo:
+    """What ``reset`` reports besides the messages."""
+
+    task_id: str
+    split: Split
+    difficulty: int
+    tools: ToolRegistry
+    """The task's tools; render their schemas into the system turn."""
+    task: Task
+
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """OpenAI function-calling schemas of the tools."""
+        return list(self.tools.json_schemas)
+
+
+@dataclass(frozen=True)
+class Reward:
+    """How the reward of a finished episode was made: ``total = correct + format + shaping``."""
+
+    correct: float
+    """The verifier's score of the final answer, in [0, 1]."""
+    format: float = 0.0
+    """``Config.format_reward`` when the answer used the ``<answer>`` tag, else 0."""
+    shaping: float = 0.0
+    """Environment-specific progress bonus (0 unless the environment's config enables it)."""
+
+    @property
+    def total(self) -> float:
+        """The scalar reward ``step`` returns."""
+        return float(self.correct + self.format + self.shaping)
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What ``step`` reports besides messages, reward and the two end flags."""
+
+    turn: int
+    """1-based index of the assistant turn just handled."""
+    tool_results: tuple[ToolResult, ...] = ()
+    """One result per tool call of the turn, in order (errors included)."""
+    answer: str | None = None
+    """The extracted final answer, on the final turn."""
+    reward: Reward | None = None
+    """The reward breakdown, on the final turn."""
+    nudged: bool = False
+    """Whether the env answered with a nudge because the turn had no call and no answer."""
+
+    @property
+    def num_tool_errors(self) -> int:
+        """Calls of this turn that failed."""
+        return sum(not r.ok for r in self.tool_results)
+
+
+class MessagesSpace(gymnasium.Space[list[Message]]):
+    """Observation space: a list of chat messages."""
+
+    def contains(self, x: Any) -> bool:
+        """Whether `x` is a list of `Message`."""
+        return isinstance(x, list) and all(isinstance(m, Message) for m in x)
+
+    def sample(self, mask: Any = None, probability: Any = None) -> list[Message]:
+        """A fixed sample (the space is not meant for random sampling)."""
+        return [Message.user("Hello")]
+
+
+class AssistantMessageSpace(gymnasium.Space[Message]):
+    """Action space: one assistant message."""
+
+    def contains(self, x: Any) -> bool:
+        """Whether `x` is an assistant `Message`."""
+        return isinstance(x, Message) and x.role == Role.ASSISTANT
+
+    def sample(self, mask: Any = None, probability: Any = None) -> Message:
+        """A fixed sample: an assistant turn with an empty answer."""
+        return Message.assistant("<answer></answer>")
+
+
+class ToolEnv(gymnasium.Env[list[Message], Message]):
+    """Base class of tool-use environments (one instance per concurrent episode).
+
+    ``reset`` and ``step`` may block (sandbox calls); they are safe to call from a worker
+    thread, and an instance serializes its own calls with a lock.
+    """
+
+    @dataclass(kw_only=True)
+    class Config:
+        """Settings shared by every ToolEnv; subclasses extend it."""
+
+        split: str = "train"
+        """Task pool: "train" or "test" (disjoint)."""
+        num_tasks: int | None = None
+        """Restrict the pool to task indices ``0..num_tasks-1`` (e.g. a fixed eval set)."""
+        max_turns: int | None = None
+        """Truncate after this many assistant turns (None: leave it to the rollout loop)."""
+        max_nudges: int = 1
+        """How often a turn without tool call or answer is answered by a nudge before the
+        episode ends with reward 0."""
+        format_reward: float = 0.0
+        """Bonus added to the reward when the final answer uses the ``<answer>`` tag."""
+
+        def validate(self) -> None:
+            """Check values; raise `ConfigError` naming the bad field."""
+            if self.split not in tuple(Split):
+                raise ConfigError(f"split={self.split!r}: choose 'train' or 'test'")
+            for name in ("num_tasks", "max_turns"):
+                value = getattr(self, name)
+                if value is not None and value < 1:
+                    raise ConfigError(f"{name}={value}: must be at least 1 (or None)")
+            if self.max_nudges < 0:
+                raise ConfigError(f"max_nudges={self.max_nudges}: must be >= 0")
+
+    metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 (gymnasium's class attribute)
+    observation_space = MessagesSpace()
+    action_space = AssistantMessageSpace()
+
+    def __init__(
+        self,
+        config: Config | None = None,
+        *,
+        sandbox_factory: SandboxFactory | None = None,
+        **overrides: Any,
+    ) -> None:
+        """Build the environment.
+
+        Args:
+            config: The full config; defaults to ``type(self).Config()``.
+            sandbox_factory: Opens the episode's sandbox on the first sandboxed tool call
+                (default: `tir_rl.sandbox.open_episode`).
+            **overrides: Config fields to change, as ``gymnasium.make`` passes them
+                (``gymnasium.make("tir_rl/MathPython-v0", split="test")``).
+        """
+        self.config = _with_overrides(config or type(self).Config(), overrides)
+        self.config.validate()
+        self.split = Split(self.config.split)
+        self._sandbox_factory = sandbox_factory
+        self._lock = threading.RLock()
+        self._tools: ToolRegistry | None = None
+        self._sandbox: LazySandbox | None = None
+        self._task: Task | None = None
+        self._turn = 0
+        self._nudges = 0
+        self._done = False
+
+    # ----------------------------------------------------------------- subclass hooks
+    def build_tools(self) -> ToolRegistry:
+        """The environment's tools (called once, on first use)."""
+        raise NotImplementedError
+
+    def generate_task(self, index: int) -> Task:
+        """The task with this index in ``self.split``; deterministic in `index`."""
+        raise NotImplementedError
+
+    def instructions(self, task: Task) -> str:
+        """The system prompt; it must state the answer protocol (see `ANSWER_INSTRUCTIONS`)."""
+        raise NotImplementedError
+
+    def score(self, task: Task, answer: str) -> float:
+        """Correctness of `answer` for `task`, in [0, 1]."""
+        raise NotImplementedError
+
+    def shaping(self, task: Task) -> float:
+        """Progress bonus added to the final reward (default 0)."""
+        return 0.0
+
+    def on_reset(self, task: Task) -> None:
+        """Hook run when an episode starts (e.g. to load the task's state)."""
+
+    # ----------------------------------------------------------------- gymnasium API
+    @property
+    def tools(self) -> ToolRegistry:
+        """The environment's tool registry."""
+        if self._tools is None:
+            self._tools = self.build_tools()
+        return self._tools
+
+    @property
+    def task(self) -> Task | None:
+        """The current episode's task (None before the first reset)."""
+        return self._task
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], ResetInfo]:
+        """Start an episode: the task comes from ``options["task_index"]`` or the seed."""
+        with self._lock:
+            super().reset(seed=seed)
+            self._close_sandbox()
+            index = (options or {}).get("task_index")
+            if index is None:
+                index = int(self.np_random.integers(0, self.config.num_tasks or 2**62))
+            elif not isinstance(index, int) or index < 0:
+                raise ConfigError(f"options['task_index']={index!r}: must be an int >= 0")
+            task = self.generate_task(index)
+            self._task, self._turn, self._nudges, self._done = task, 0, 0, False
+            self._sandbox = LazySandbox(self._resolve_factory())
+            self.on_reset(task)
+            messages = [Message.system(self.instructions(task)), Message.user(task.question)]
+            info = ResetInfo(task.id, task.split, task.difficulty, self.tools, task)
+            return messages, info
+
+    def step(self, action: Message) -> tuple[list[Message], float, bool, bool, StepInfo]:
+        """Handle one assistant turn (see the module docstring)."""
+        with self._lock:
+            if self._task is None or self._done:
+                raise ResetNeeded("call reset() before step() (and again after the episode ended)")
+            if not isinstance(action, Message) or action.role != Role.ASSISTANT:
+                raise TypeError(f"step() takes an assistant Message, got {action!r}")
+            self._turn += 1
+            truncated = self.config.max_turns is not None and self._turn >= self.config.max_turns
+            calls = _calls_of(action)
+            if calls:
+                results = tuple(self._run_call(call) for call in calls)
+                messages = [Message.tool(r.content, name=r.name or None) for r in results]
+                self._done = truncated
+                return messages, 0.0, False, truncated, StepInfo(self._turn, results)
+            extracted = extract_answer(action.content)
+            if extracted is None and self._nudges < self.config.max_nudges and not truncated:
+                self._nudges += 1
+                return [Message.user(NUDGE)], 0.0, False, False, StepInfo(self._turn, nudged=True)
+            reward = self._reward(self._task, extracted)
+            self._done = True
+            info = StepInfo(self._turn, answer=extracted and extracted.text, reward=reward)
+            return [], reward.total, True, False, info
+
+    def close(self) -> None:
+        """End the episode's sandbox, if one was opened; safe to call repeatedly."""
+        with self._lock:
+            self._close_sandbox()
+
+    # ----------------------------------------------------------------- internals
+    def _reward(self, task: Task, extracted: ExtractedAnswer | None) -> Reward:
+        if extracted is None:
+            return Reward(correct=0.0, shaping=self.shaping(task))
+        correct = float(self.score(task, extracted.text))
+        assert math.isfinite(correct), f"{type(self).__name__}.score returned {correct}"
+        fmt = self.config.format_reward if extracted.tagged else 0.0
+        return Reward(correct=correct, format=fmt, shaping=self.shaping(task))
+
+    def _run_call(self, call: ToolCall | ToolResult) -> ToolResult:
+        if isinstance(call, ToolResult):  # a block the chat parser could not read
+            return call
+        try:
+            return self.tools.call(call.name, call.arguments, sandbox=self._sandbox)
+        except Exception as exc:  # noqa: BLE001 (the registry should not raise; stay alive)
+            kind = (
+                ToolErrorKind.SANDBOX
+                if isinstance(exc, SandboxError)
+                else ToolErrorKind.TOOL_RAISED
+            )
+            return ToolResult(call.name, f"Error: {type(exc).__name__}: {exc}", error=kind)
+
+    def _resolve_factory(self) -> SandboxFactory:
+        if self._sandbox_factory is not None:
+            return self._sandbox_factory
+
+        def default_factory() -> AbstractContextManager[Sandbox]:
+            from tir_rl.sandbox import open_episode  # lazy: only code tools need Docker
+
+            return open_episode()
+
+        return default_factory
+
+    def _close_sandbox(self) -> None:
+        if self._sandbox is not None:
+            sandbox, self._sandbox = self._sandbox, None
+            sandbox.close()
+
+
+def _calls_of(message: Message) -> list[ToolCall | ToolResult]:
+    """The turn's tool calls, plus an error result for each block that did not parse."""
+    calls: list[ToolCall | ToolResult] = list(message.tool_calls)
+    if "<tool_call>" not in message.content:
+        return calls
+    from tir_rl.chat import parse_assistant_text  # lazy: tokenizer-free part of the chat module
+
+    parsed = parse_assistant_text(message.content)
+    if parsed.tool_calls == message.tool_calls:
+        return [c if isinstance(c, ToolCall) else c.to_tool_result() for c in parsed.items]
+    return calls + [error.to_tool_result() for error in parsed.errors]
+
+
+def _with_overrides(config: Any, overrides: dict[str, Any]) -> Any:
+    if not overrides:
+        return config
+    names = {f.name for f in dataclasses.fields(config)}
+    for key in overrides:
+        if key not in names:
+            near = difflib.get_close_matches(key, sorted(names), n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else f"; valid: {sorted(names)}"
+            raise ConfigError(f"{type(config).__qualname__} has no field {key!r}{hint}")
+    return dataclasses.replace(config, **overrides)
