@@ -83,13 +83,16 @@ class Tokenizer(Protocol):
 
     eos_token_id: int | None
 
-    def __call__(self, text: str, **kwargs: Any) -> Any:  # noqa: D102 (HF protocol)
+    def __call__(self, text: str, **kwargs: Any) -> Any:
+        """Encode text; the result has "input_ids"."""
         ...
 
-    def decode(self, token_ids: Sequence[int], **kwargs: Any) -> str:  # noqa: D102
+    def decode(self, token_ids: Sequence[int], **kwargs: Any) -> str:
+        """Decode token ids to text."""
         ...
 
-    def convert_tokens_to_ids(self, tokens: str) -> int | None:  # noqa: D102
+    def convert_tokens_to_ids(self, tokens: str) -> int | None:
+        """Id of a token given by its string form."""
         ...
 
 
@@ -177,8 +180,11 @@ class ChatFormat:
         return f"{content}\n\n{block}" if content else block
 
     def assistant_text(self, message: Message) -> str:
-        """Text of an assistant turn: the content, plus its `tool_calls` as blocks when the
-        content has none (hand-built messages); content with blocks is used verbatim."""
+        """Text of an assistant turn as the model sees it.
+
+        The content, plus its `tool_calls` as blocks when the content has none (hand-built
+        messages); content that already holds blocks (sampled turns) is used verbatim.
+        """
         if not message.tool_calls or TOOL_CALL_OPEN in message.content:
             return message.content
         blocks = [
@@ -203,7 +209,7 @@ class ChatFormat:
 
     # --------------------------------------------------------------------------- tokens
     def render_prompt(self, messages: Sequence[Message]) -> list[int]:
-        """Token ids of the prompt, ending with the assistant header `<|im_start|>assistant\\n`."""
+        """Token ids of the prompt, ending with the assistant header (`<|im_start|>assistant`)."""
         return self.render_messages(messages, add_generation_prompt=True)
 
     def render_messages(
@@ -219,7 +225,7 @@ class ChatFormat:
             messages: The conversation. A default system turn is added as configured.
             add_generation_prompt: End with the assistant header.
             continue_final_message: Leave the final (assistant) message open: no
-                `<|im_end|>\\n` after it.
+                `<|im_end|>` and newline after it.
         """
         pieces = self._conversation_pieces(messages, add_generation_prompt, continue_final_message)
         return self._tokenize(pieces)
@@ -244,8 +250,11 @@ class ChatFormat:
         return self._tokenize(pieces)
 
     def encode_assistant_text(self, text: str) -> list[int]:
-        """Token ids of assistant text as the tokenizer would write it (special strings become
-        special tokens); used to turn given assistant messages into "sampled" tokens."""
+        """Token ids of assistant text as the tokenizer writes it.
+
+        Special-token strings become special tokens. Used to replay given assistant messages
+        as if they had been sampled.
+        """
         return self._tokenize([_Text(text, literal=False)])
 
     def decode(self, token_ids: Sequence[int]) -> str:
@@ -286,13 +295,18 @@ class ChatFormat:
         if continue_final and (not messages or messages[-1].role != Role.ASSISTANT):
             raise ChatFormatError("continue_final_message needs a final assistant message")
         if generation_prompt and continue_final:
-            raise ChatFormatError("add_generation_prompt and continue_final_message exclude "
-                                  "each other")
+            raise ChatFormatError(
+                "add_generation_prompt and continue_final_message exclude each other"
+            )
         pieces: list[_Piece] = []
         has_system = bool(messages) and messages[0].role == Role.SYSTEM
         if not has_system and (text := self.system_text(self.config.system_prompt)):
-            pieces += [*self._header("system"), _Text(text, literal=True), self.end_of_turn_id,
-                       _Text("\n")]
+            pieces += [
+                *self._header("system"),
+                _Text(text, literal=True),
+                self.end_of_turn_id,
+                _Text("\n"),
+            ]
         pieces.extend(self._messages_pieces(messages, system_index=0 if has_system else -1))
         if continue_final:
             del pieces[-2:]  # the final `<|im_end|>` and "\n"
@@ -338,7 +352,8 @@ class ChatFormat:
                 return
             modes = {p.literal for p in run if p.literal is not None}
             assert len(modes) <= 1, "a text run mixes assistant and environment content"
-            text = "".join(p.text for p in run)
+            # lone surrogates (e.g. from surrogateescape-decoded tool output) cannot be encoded
+            text = "".join(p.text for p in run).encode("utf-8", "replace").decode("utf-8")
             if text:
                 split = modes != {False}
                 ids.extend(

@@ -252,8 +252,14 @@ def compare_incremental_with_full(
     inc_ids, full_ids = tuple(incremental[lo : pos + window]), tuple(full[lo : pos + window])
     decode = conv.chat_format.decode
     return RenderDiff(
-        False, pos, len(incremental), len(full),
-        decode(inc_ids), decode(full_ids), inc_ids, full_ids,
+        False,
+        pos,
+        len(incremental),
+        len(full),
+        decode(inc_ids),
+        decode(full_ids),
+        inc_ids,
+        full_ids,
     )
 
 

@@ -39,15 +39,18 @@ def test_one_call_with_prose_around():
 
 def test_several_calls_keep_order_and_interleave_with_errors():
     text = (
-        "First " + block('{"name": "a", "arguments": {}}')
-        + " then " + block("{broken")
+        "First "
+        + block('{"name": "a", "arguments": {}}')
+        + " then "
+        + block("{broken")
         + block('{"name": "b", "arguments": {"x": [1, {"y": null}]}}')
     )
     parsed = parse_assistant_text(text)
     assert [c.name for c in parsed.tool_calls] == ["a", "b"]
     assert parsed.tool_calls[1].arguments == {"x": [1, {"y": None}]}
     assert [e.kind for e in parsed.errors] == [ParseErrorKind.INVALID_JSON]
-    assert [type(i).__name__ for i in parsed.items] == ["ToolCall", "ToolCallParseError", "ToolCall"]
+    kinds = [type(i).__name__ for i in parsed.items]
+    assert kinds == ["ToolCall", "ToolCallParseError", "ToolCall"]
     assert parsed.errors[0].index == 1
     assert parsed.content == "First  then"
 
@@ -156,7 +159,8 @@ def test_long_bodies_are_quoted_shortened():
 def test_error_becomes_a_malformed_call_tool_result_and_message():
     (error,) = parse_assistant_text(block('{"name": "add", "arguments": [1]}')).errors
     result = error.to_tool_result()
-    assert result == ToolResult(name="add", content=error.message, error=ToolErrorKind.MALFORMED_CALL)
+    expected = ToolResult(name="add", content=error.message, error=ToolErrorKind.MALFORMED_CALL)
+    assert result == expected
     assert not result.ok
     message = error.to_message()
     assert message.role is Role.TOOL and message.content == error.message and message.name == "add"
@@ -167,16 +171,18 @@ def test_error_becomes_a_malformed_call_tool_result_and_message():
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=10),
-    lambda children: st.lists(children, max_size=3)
-    | st.dictionaries(st.text(max_size=5), children, max_size=3),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3)
+    ),
     max_leaves=8,
 )
 
 
 @settings(max_examples=60, deadline=None)
 @given(
-    prose=st.lists(st.text(max_size=20).filter(lambda s: "<tool_call>" not in s), min_size=1,
-                   max_size=4),
+    prose=st.lists(
+        st.text(max_size=20).filter(lambda s: "<tool_call>" not in s), min_size=1, max_size=4
+    ),
     args=st.lists(st.dictionaries(st.text(max_size=6), json_values, max_size=3), max_size=3),
     garbage=st.text(max_size=30),
 )
