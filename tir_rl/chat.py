@@ -1,26 +1,7 @@
 """Chat format: ChatML with Hermes-style tool calls, rendered to token ids.
 
-Wire format (see docs/chat-format.md for the full specification)::
-
-    <|im_start|>system
-    {system text}
-
-    # Tools
-    ...<tools>
-    {one JSON schema per line}
-    </tools>...<|im_end|>
-    <|im_start|>user
-    {text}<|im_end|>
-    <|im_start|>assistant
-    {text}<tool_call>
-    {"name": "add", "arguments": {"a": 1}}
-    </tool_call><|im_end|>
-    <|im_start|>tool
-    <tool_response>
-    {result}
-    </tool_response><|im_end|>
-    <|im_start|>assistant
-    ...
+The exact wire format, the TITO rules and the loss-mask/turn semantics are specified in
+docs/chat-format.md.
 
 Special tokens are only ever produced by the format itself or sampled by the model: text
 written by users, tools and system prompts is tokenized with `split_special_tokens`, so a
@@ -33,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from tir_rl.chat_conversation import Conversation, RenderDiff, compare_incremental_with_full
 from tir_rl.chat_parse import (
@@ -45,6 +26,7 @@ from tir_rl.chat_parse import (
     parse_assistant_text,
     tool_result_message,
 )
+from tir_rl.chat_tokens import Piece, Text, Tokenizer, tokenize_pieces
 from tir_rl.errors import ChatFormatError
 from tir_rl.types import Message, Role
 
@@ -76,38 +58,6 @@ DEFAULT_TOOL_INSTRUCTIONS = (
     '{"name": <function-name>, "arguments": <args-json-object>}\n'
     "</tool_call>"
 )
-
-
-class Tokenizer(Protocol):
-    """The parts of a Hugging Face tokenizer the chat format uses."""
-
-    eos_token_id: int | None
-
-    def __call__(self, text: str, **kwargs: Any) -> Any:
-        """Encode text; the result has "input_ids"."""
-        ...
-
-    def decode(self, token_ids: Sequence[int], **kwargs: Any) -> str:
-        """Decode token ids to text."""
-        ...
-
-    def convert_tokens_to_ids(self, tokens: str) -> int | None:
-        """Id of a token given by its string form."""
-        ...
-
-
-@dataclass(frozen=True)
-class _Text:
-    """A piece of text to tokenize; `literal` says how special-token strings are treated."""
-
-    text: str
-    literal: bool | None = None
-    """True: content that may never become special tokens (users, tools, system). False:
-    assistant text, whose special-token strings were sampled as special tokens. None:
-    text written by the format itself (never contains special-token strings)."""
-
-
-_Piece = int | _Text
 
 
 class ChatFormat:
@@ -205,7 +155,7 @@ class ChatFormat:
         """The conversation as one string (for reading; token ids come from `render_messages`)."""
         pieces = self._conversation_pieces(messages, add_generation_prompt, continue_final_message)
         decode = self.tokenizer.decode
-        return "".join(p.text if isinstance(p, _Text) else decode([p]) for p in pieces)
+        return "".join(p.text if isinstance(p, Text) else decode([p]) for p in pieces)
 
     # --------------------------------------------------------------------------- tokens
     def render_prompt(self, messages: Sequence[Message]) -> list[int]:
@@ -243,8 +193,8 @@ class ChatFormat:
                     "assistant turns are sampled, not appended: pass only tool, user or system "
                     "messages to Conversation.append_messages"
                 )
-        pieces: list[_Piece] = [self.end_of_turn_id] if close_turn else []
-        pieces.append(_Text("\n"))
+        pieces: list[Piece] = [self.end_of_turn_id] if close_turn else []
+        pieces.append(Text("\n"))
         pieces.extend(self._messages_pieces(messages))
         pieces.extend(self._header("assistant"))
         return self._tokenize(pieces)
@@ -255,7 +205,7 @@ class ChatFormat:
         Special-token strings become special tokens. Used to replay given assistant messages
         as if they had been sampled.
         """
-        return self._tokenize([_Text(text, literal=False)])
+        return self._tokenize([Text(text, literal=False)])
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Exact text of token ids: special tokens kept, no clean-up of spaces."""
@@ -286,26 +236,26 @@ class ChatFormat:
         return Conversation(self, messages)
 
     # -------------------------------------------------------------------------- helpers
-    def _header(self, role: str) -> list[_Piece]:
-        return [self.im_start_id, _Text(f"{role}\n")]
+    def _header(self, role: str) -> list[Piece]:
+        return [self.im_start_id, Text(f"{role}\n")]
 
     def _conversation_pieces(
         self, messages: Sequence[Message], generation_prompt: bool, continue_final: bool
-    ) -> list[_Piece]:
+    ) -> list[Piece]:
         if continue_final and (not messages or messages[-1].role != Role.ASSISTANT):
             raise ChatFormatError("continue_final_message needs a final assistant message")
         if generation_prompt and continue_final:
             raise ChatFormatError(
                 "add_generation_prompt and continue_final_message exclude each other"
             )
-        pieces: list[_Piece] = []
+        pieces: list[Piece] = []
         has_system = bool(messages) and messages[0].role == Role.SYSTEM
         if not has_system and (text := self.system_text(self.config.system_prompt)):
             pieces += [
                 *self._header("system"),
-                _Text(text, literal=True),
+                Text(text, literal=True),
                 self.end_of_turn_id,
-                _Text("\n"),
+                Text("\n"),
             ]
         pieces.extend(self._messages_pieces(messages, system_index=0 if has_system else -1))
         if continue_final:
@@ -314,8 +264,8 @@ class ChatFormat:
             pieces.extend(self._header("assistant"))
         return pieces
 
-    def _messages_pieces(self, messages: Sequence[Message], system_index: int = -1) -> list[_Piece]:
-        pieces: list[_Piece] = []
+    def _messages_pieces(self, messages: Sequence[Message], system_index: int = -1) -> list[Piece]:
+        pieces: list[Piece] = []
         i = 0
         while i < len(messages):
             message = messages[i]
@@ -328,46 +278,19 @@ class ChatFormat:
                     f"{TOOL_RESPONSE_OPEN}\n{m.content}\n{TOOL_RESPONSE_CLOSE}"
                     for m in messages[i:j]
                 )
-                pieces += [*self._header("tool"), _Text(body, literal=True)]
+                pieces += [*self._header("tool"), Text(body, literal=True)]
                 i = j
             elif message.role == Role.ASSISTANT:
-                pieces += [*self._header("assistant"), _Text(self.assistant_text(message), False)]
+                pieces += [*self._header("assistant"), Text(self.assistant_text(message), False)]
                 i += 1
             else:
                 text = message.content
                 if i == system_index:
                     text = self.system_text(text) or ""
-                pieces += [*self._header(message.role.value), _Text(text, literal=True)]
+                pieces += [*self._header(message.role.value), Text(text, literal=True)]
                 i += 1
-            pieces += [self.end_of_turn_id, _Text("\n")]
+            pieces += [self.end_of_turn_id, Text("\n")]
         return pieces
 
-    def _tokenize(self, pieces: Sequence[_Piece]) -> list[int]:
-        """Token ids of pieces: special ids as they are, each maximal text run tokenized once."""
-        ids: list[int] = []
-        run: list[_Text] = []
-
-        def flush() -> None:
-            if not run:
-                return
-            modes = {p.literal for p in run if p.literal is not None}
-            assert len(modes) <= 1, "a text run mixes assistant and environment content"
-            # lone surrogates (e.g. from surrogateescape-decoded tool output) cannot be encoded
-            text = "".join(p.text for p in run).encode("utf-8", "replace").decode("utf-8")
-            if text:
-                split = modes != {False}
-                ids.extend(
-                    self.tokenizer(text, add_special_tokens=False, split_special_tokens=split)[
-                        "input_ids"
-                    ]
-                )
-            run.clear()
-
-        for piece in pieces:
-            if isinstance(piece, _Text):
-                run.append(piece)
-            else:
-                flush()
-                ids.append(piece)
-        flush()
-        return ids
+    def _tokenize(self, pieces: Sequence[Piece]) -> list[int]:
+        return tokenize_pieces(self.tokenizer, pieces)
