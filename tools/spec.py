@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import inspect
 import re
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from tir_rl.tools.containers import Field, ObjectNode
-from tir_rl.tools.docstring import parse_docstring
+from tir_rl.tools.docstring import Docstring, parse_docstring
 from tir_rl.tools.nodes import INVALID
 from tir_rl.tools.schema import UnsupportedTypeError, build_node, make_field
 from tir_rl.tools.shipping import shipped_source
@@ -110,7 +111,7 @@ class ToolSpec:
             )
         if not timeout_s > 0:
             raise ToolDefinitionError(f"tool '{name}': timeout_s must be > 0, got {timeout_s}")
-        doc = parse_docstring(inspect.getdoc(fn))
+        doc = _docstring(fn)
         if not doc.summary:
             raise ToolDefinitionError(
                 f"tool '{name}' has no docstring summary: the first docstring line tells the "
@@ -224,6 +225,15 @@ def _attach(fn: Callable[..., Any], spec: ToolSpec) -> Any:
     functools.update_wrapper(wrapper, fn)
     wrapper.spec = spec  # type: ignore[attr-defined] # the point of @tool
     return wrapper
+
+
+def _docstring(fn: Callable[..., Any]) -> Docstring:
+    """The function's docstring; for a callable object, its class's plus its `__call__`'s."""
+    doc = parse_docstring(inspect.getdoc(fn))
+    if inspect.isfunction(fn) or inspect.ismethod(fn) or not callable(fn):
+        return doc
+    call_doc = parse_docstring(inspect.getdoc(type(fn).__call__))
+    return dataclasses.replace(doc if doc.summary else call_doc, args={**call_doc.args, **doc.args})
 
 
 def _signature(fn: Callable[..., Any], name: str) -> inspect.Signature:

@@ -1,7 +1,6 @@
 """Schema derivation from type hints and docstrings, and every decoration-time failure."""
 
 import enum
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, TypedDict
@@ -469,4 +468,22 @@ def test_decorating_twice_keeps_both_specs():
     first = tool(name="one")(f)
     second = tool(name="two")(f)
     assert first.spec.name == "one" and second.spec.name == "two"
-    assert functools.reduce(lambda a, b: a and b, [first() is None, second() is None])
+    assert first() is None and second() is None
+    assert first is f and second is not f and second.__wrapped__ is f
+
+
+def test_callable_object_with_async_call_is_an_async_tool():
+    class Lookup:
+        """Look a key up."""
+
+        async def __call__(self, key: str) -> str:
+            """Unused: the class docstring describes the tool.
+
+            Args:
+                key: what to look up
+            """
+            return key.upper()
+
+    spec = ToolSpec.from_function(Lookup(), name="lookup")
+    assert spec.is_async and spec.description == "Look a key up."
+    assert list(spec.parameters["properties"]) == ["key"]
