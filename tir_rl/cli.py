@@ -39,6 +39,30 @@ def _cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+_EPILOG_SANDBOX = """examples:
+  tir-rl sandbox build                   # local image from this machine's files (no registry)
+  tir-rl sandbox check                   # hostile-input suite against the configured backend
+  tir-rl sandbox check --backend bwrap   # ... against bubblewrap
+  tir-rl sandbox check --case fork_bomb --set docker.pids_limit=32
+  tir-rl sandbox clean                   # remove sandboxes left by crashed runs
+  tir-rl sandbox clean --all             # remove every tir-rl sandbox (also of running jobs)
+"""
+
+
+def _cmd_sandbox(args: argparse.Namespace) -> int:
+    from tir_rl.sandbox import commands
+
+    if args.action == "build":
+        print(commands.build(force=args.force, packages=args.packages))
+        return 0
+    if args.action == "clean":
+        print(f"removed {commands.clean(everything=args.all)} leftover sandbox(es)")
+        return 0
+    overrides = list(args.set) + ([f"backend={args.backend}"] if args.backend else [])
+    config = commands.load_sandbox_config(args.config, overrides)
+    return 0 if commands.check(config, include_slow=args.slow, names=args.case) else 1
+
+
 def _not_yet(what: str, issue: int) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         raise TirError(
@@ -81,9 +105,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True)
     p.set_defaults(func=_not_yet("doctor", 6))
 
-    p = sub.add_parser("sandbox", help="build, check or clean the code sandbox")
+    p = sub.add_parser(
+        "sandbox",
+        help="build, check or clean the code sandbox",
+        epilog=_EPILOG_SANDBOX,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("action", choices=["build", "check", "clean"])
-    p.set_defaults(func=_not_yet("sandbox", 3))
+    p.add_argument("--force", action="store_true", help="build: rebuild even if up to date")
+    p.add_argument("--packages", nargs="*", metavar="PKG",
+                   help="build: extra Python packages in the image (default: numpy sympy)")
+    p.add_argument("--config", help="check: YAML run config whose `sandbox:` section to use")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="check: override within the sandbox section, e.g. backend=bwrap")
+    p.add_argument("--backend", choices=["docker", "bwrap", "unsafe-local"],
+                   help="check: backend to test (shortcut for --set backend=...)")
+    p.add_argument("--slow", action="store_true", help="check: include slow cases (64 episodes)")
+    p.add_argument("--case", action="append", default=[], metavar="NAME",
+                   help="check: run only this case (repeatable)")
+    p.add_argument("--all", action="store_true",
+                   help="clean: remove every tir-rl sandbox, not only those of dead runs")
+    p.set_defaults(func=_cmd_sandbox)
 
     p = sub.add_parser(
         "models",
