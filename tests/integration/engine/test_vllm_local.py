@@ -1,0 +1,152 @@
+"""Real vLLM (CPU) on a tiny random Llama: one engine for the whole module."""
+
+import asyncio
+
+import pytest
+import torch
+
+from tir_rl.engine import FinishReason, GenerateRequest, VLLMLocalEngine
+from tir_rl.engine.parity import probe_parity, transformers_logprobs
+from tir_rl.errors import ConfigError, EngineError, ParityError
+
+pytestmark = pytest.mark.vllm
+
+MAX_MODEL_LEN = 256
+PROMPT = [1, 504, 2462, 314, 253, 1789, 30, 198]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_path):
+    config = VLLMLocalEngine.Config(
+        model_path=str(tiny_model_path),
+        max_model_len=MAX_MODEL_LEN,
+        kv_cache_gib=0.0625,
+        enable_prefix_caching=True,
+        max_num_seqs=32,
+    )
+    with VLLMLocalEngine(config) as engine:
+        yield engine
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def request(**kwargs):
+    return GenerateRequest(**{"prompt_token_ids": PROMPT, "max_tokens": 16, "seed": 7, **kwargs})
+
+
+def test_sampled_ids_and_logprobs_match_transformers_fp32_recompute(engine, hf_model):
+    result = run(engine.generate(request(max_tokens=24, temperature=0.7)))
+    assert len(result.token_ids) == len(result.logprobs) > 0
+    assert result.finish_reason in (FinishReason.LENGTH, FinishReason.STOP)
+    full = PROMPT + result.token_ids
+    recomputed = transformers_logprobs(hf_model, full, temperature=0.7)[len(PROMPT) - 1 :]
+    sampled = torch.tensor(result.logprobs)
+    assert recomputed.shape == sampled.shape
+    assert (recomputed - sampled).abs().max().item() < 1e-3
+
+
+def test_logprobs_are_processed_not_raw(engine, hf_model):
+    result = run(engine.generate(request(max_tokens=8, temperature=0.5)))
+    full = PROMPT + result.token_ids
+    raw = transformers_logprobs(hf_model, full, temperature=1.0)[len(PROMPT) - 1 :]
+    assert (raw - torch.tensor(result.logprobs)).abs().max().item() > 1e-2
+
+
+def test_concurrent_requests_all_complete_and_match_solo_runs(engine):
+    async def many():
+        return await asyncio.gather(*(engine.generate(request(seed=s)) for s in range(16)))
+
+    results = run(many())
+    assert all(0 < len(r.token_ids) <= 16 for r in results)
+    solo = run(engine.generate(request(seed=5)))
+    assert results[5].token_ids == solo.token_ids
+    assert len({tuple(r.token_ids) for r in results}) > 1
+
+
+def test_same_seed_reproduces_and_other_seed_differs(engine):
+    a = run(engine.generate(request(seed=11)))
+    b = run(engine.generate(request(seed=11)))
+    c = run(engine.generate(request(seed=12)))
+    assert a.token_ids == b.token_ids
+    assert a.logprobs == pytest.approx(b.logprobs, abs=1e-6)
+    assert a.token_ids != c.token_ids
+
+
+def test_too_long_prompt_fails_only_that_request(engine):
+    async def mixed():
+        too_long = GenerateRequest(prompt_token_ids=[5] * (MAX_MODEL_LEN + 10), max_tokens=4)
+        return await asyncio.gather(
+            engine.generate(request(seed=1)),
+            engine.generate(too_long),
+            engine.generate(request(seed=2)),
+            return_exceptions=True,
+        )
+
+    ok1, bad, ok2 = run(mixed())
+    assert isinstance(bad, EngineError)
+    assert "maximum context length" in str(bad)
+    assert len(ok1.token_ids) == len(ok2.token_ids) == 16
+    assert len(run(engine.generate(request(seed=3))).token_ids) == 16  # engine still alive
+
+
+def _first_new_token_index(ids, start):
+    return next(i for i in range(start, len(ids)) if ids[i] not in ids[:i])
+
+
+def test_stop_token_id_ends_the_turn_and_is_kept(engine):
+    reference = run(engine.generate(request(seed=21)))
+    i = _first_new_token_index(reference.token_ids, 3)
+    stop_id = reference.token_ids[i]
+    result = run(engine.generate(request(seed=21, stop_token_ids=[stop_id])))
+    assert result.token_ids == reference.token_ids[: i + 1]
+    assert result.finish_reason == FinishReason.STOP
+    assert result.stop_sequence == (stop_id,)
+
+
+def test_multi_token_stop_sequence_is_matched_on_ids(engine):
+    reference = run(engine.generate(request(seed=22)))
+    seq = reference.token_ids[4:7]
+    result = run(engine.generate(request(seed=22, stop_token_sequences=[seq, [99999 % 49152]])))
+    assert result.token_ids == reference.token_ids[:7]
+    assert result.logprobs == pytest.approx(reference.logprobs[:7], abs=1e-6)
+    assert result.finish_reason == FinishReason.STOP
+    assert result.stop_sequence == tuple(seq)
+
+
+def test_non_contiguous_stop_sequence_does_not_stop(engine):
+    reference = run(engine.generate(request(seed=23)))
+    gapped = [reference.token_ids[4], reference.token_ids[6]]
+    if gapped == reference.token_ids[5:7]:
+        pytest.skip("sampled tokens happen to repeat")
+    result = run(engine.generate(request(seed=23, stop_token_sequences=[gapped])))
+    assert result.token_ids == reference.token_ids
+    assert result.finish_reason == reference.finish_reason
+
+
+def test_top_p_is_refused_unless_allowed(engine):
+    with pytest.raises(ConfigError, match="allow_truncated_sampling"):
+        run(engine.generate(request(top_p=0.9)))
+    with pytest.raises(ConfigError, match="allow_truncated_sampling"):
+        run(engine.generate(request(top_k=5)))
+
+
+def test_update_weights_changes_outputs_and_parity_follows_the_weights(
+    engine, hf_model, probe_ids, perturbed_model
+):
+    before = run(engine.generate(request(seed=31)))
+    assert run(probe_parity(engine, hf_model, probe_ids, tolerance=1e-3)).passed
+
+    run(engine.update_weights(perturbed_model.state_dict()))
+    try:
+        after = run(engine.generate(request(seed=31)))
+        assert after.logprobs != pytest.approx(before.logprobs, abs=1e-3)
+        report = run(probe_parity(engine, perturbed_model, probe_ids, tolerance=1e-3))
+        assert report.max_abs_diff < 1e-3 and report.num_tokens == len(probe_ids) - 1
+        with pytest.raises(ParityError, match="stale engine weights"):
+            run(probe_parity(engine, hf_model, probe_ids, tolerance=1e-3))
+    finally:
+        run(engine.update_weights(hf_model.state_dict()))
+    restored = run(engine.generate(request(seed=31)))
+    assert restored.token_ids == before.token_ids

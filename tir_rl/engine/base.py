@@ -1,0 +1,201 @@
+"""The sampling-engine contract: token ids in, sampled token ids and sampler logprobs out.
+
+Every backend (`vllm_local`, `vllm_http`) implements `Engine`. The agent loop keeps many
+episodes in flight on one event loop and sends each assistant turn as its own
+`GenerateRequest`, so `generate` is a coroutine and a backend batches concurrent requests
+continuously. A failed request raises `tir_rl.errors.EngineError` for that request only.
+
+Logprobs are the sampler's *processed* logprobs: `log_softmax(logits / temperature)` of
+each sampled token, the quantity the trainer recomputes (see DESIGN.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from tir_rl.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+PROCESSED_LOGPROBS = "processed_logprobs"
+"""The only logprobs mode whose values match the trainer's `log_softmax(logits / T)`."""
+
+
+class FinishReason(StrEnum):
+    """Why the engine stopped generating for one request."""
+
+    STOP = "stop"
+    """A stop token id or a stop token sequence was sampled (it is kept in `token_ids`)."""
+    LENGTH = "length"
+    """`max_tokens` was reached, or the context reached the engine's `max_model_len`."""
+    ABORT = "abort"
+    """The request was aborted (engine paused or shut down, client went away)."""
+    ERROR = "error"
+    """The engine failed this request; `generate` raises `EngineError` instead of returning
+    it, so this value is for callers that record failed requests as results."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerateRequest:
+    """One generation request (one assistant turn), entirely in token ids."""
+
+    prompt_token_ids: Sequence[int]
+    """The whole context so far; the engine continues it."""
+    max_tokens: int
+    """Most tokens to sample (the engine may stop earlier at `max_model_len`)."""
+    temperature: float = 1.0
+    """Sampling temperature, > 0; the trainer must divide its logits by the same value."""
+    top_p: float = 1.0
+    """Nucleus sampling mass; anything but 1.0 needs `allow_truncated_sampling`."""
+    top_k: int | None = None
+    """Top-k sampling; None means off. Needs `allow_truncated_sampling`."""
+    seed: int | None = None
+    """Per-request sampling seed; the same seed, prompt and weights give the same tokens."""
+    stop_token_ids: Sequence[int] = ()
+    """Single tokens that end the turn (e.g. `<|im_end|>`); kept in the output."""
+    stop_token_sequences: Sequence[Sequence[int]] = ()
+    """Multi-token stops (e.g. the ids of `</tool_call>`), matched on sampled ids, never on
+    text; the output is cut right after the first complete match."""
+
+    def validate(self) -> None:
+        """Raise `ConfigError` if the request cannot be sampled."""
+        if not self.prompt_token_ids:
+            raise ConfigError("GenerateRequest.prompt_token_ids is empty: give at least 1 token")
+        if self.max_tokens < 1:
+            raise ConfigError(f"GenerateRequest.max_tokens must be >= 1, got {self.max_tokens}")
+        if not self.temperature > 0:
+            raise ConfigError(
+                f"GenerateRequest.temperature must be > 0, got {self.temperature}: greedy "
+                "decoding has no sampler logprobs to correct against; use a small temperature"
+            )
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"GenerateRequest.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ConfigError(f"GenerateRequest.top_k must be >= 1 or None, got {self.top_k}")
+        if any(len(seq) == 0 for seq in self.stop_token_sequences):
+            raise ConfigError("GenerateRequest.stop_token_sequences contains an empty sequence")
+
+    @property
+    def is_truncated_sampling(self) -> bool:
+        """Whether top-p or top-k cuts the distribution the sampler draws from."""
+        return self.top_p != 1.0 or self.top_k is not None
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerateResult:
+    """What the engine sampled for one request."""
+
+    token_ids: list[int]
+    """Sampled ids exactly as the engine returned them, including the stop token/sequence."""
+    logprobs: list[float]
+    """Processed sampler logprob of each sampled token; same length as `token_ids`."""
+    finish_reason: FinishReason
+    stop_sequence: tuple[int, ...] | None = None
+    """The stop token id or stop token sequence that ended generation, if any."""
+    num_prompt_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        assert len(self.token_ids) == len(self.logprobs), "one logprob per sampled token"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelInfo:
+    """What the engine serves, as needed to check parity with the trainer."""
+
+    model_path: str
+    """Checkpoint folder (local engine) or the served model's name / root (HTTP)."""
+    dtype: str
+    """Engine compute dtype, e.g. `float32`; `unknown` when a server does not expose it."""
+    max_model_len: int
+    """Longest context (prompt + completion) the engine accepts, in tokens."""
+    logprobs_mode: str
+    """vLLM logprobs mode; tir-rl requires `processed_logprobs`."""
+    enable_prefix_caching: bool | None = None
+    """Whether the engine reuses KV blocks across requests (None: unknown)."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A sampling engine. Coroutines may be awaited from any event loop."""
+
+    @property
+    def model_info(self) -> ModelInfo:
+        """The served model and the settings that matter for parity."""
+        ...
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Sample a continuation of `request.prompt_token_ids`; raises `EngineError`."""
+        ...
+
+    async def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
+        """Logprob of each token of `token_ids` after the first, given its prefix (T = 1)."""
+        ...
+
+    async def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Replace the engine's weights in place (Hugging Face parameter names)."""
+        ...
+
+    def close(self) -> None:
+        """Release the engine (idempotent)."""
+        ...
+
+
+@dataclass
+class StopSequenceMatcher:
+    """Finds the first multi-token stop sequence in a growing list of sampled ids.
+
+    vLLM's own stop strings match detokenized text, which tir-rl never does; this matches
+    on ids. Feed it the ids as they stream in; `match` returns the cut point.
+    """
+
+    sequences: Sequence[Sequence[int]]
+    _seqs: list[tuple[int, ...]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._seqs = [tuple(s) for s in self.sequences if len(s) > 0]
+
+    def find(self, token_ids: Sequence[int], start: int = 0) -> tuple[int, tuple[int, ...]] | None:
+        """Earliest stop sequence that *ends* at index >= `start`.
+
+        Returns:
+            `(end, sequence)` where `token_ids[:end]` keeps the sequence, or None.
+        """
+        for end in range(max(start, 0) + 1, len(token_ids) + 1):
+            for seq in self._seqs:
+                n = len(seq)
+                if end >= n and tuple(token_ids[end - n : end]) == seq:
+                    return end, seq
+        return None
+
+    @property
+    def max_len(self) -> int:
+        """Length of the longest stop sequence (0 if none)."""
+        return max((len(s) for s in self._seqs), default=0)
+
+
+def truncate_at_stop_sequence(
+    token_ids: list[int],
+    logprobs: list[float],
+    sequences: Sequence[Sequence[int]],
+) -> tuple[list[int], list[float], tuple[int, ...] | None]:
+    """Cut `token_ids`/`logprobs` right after the first complete stop sequence, if any."""
+    found = StopSequenceMatcher(sequences).find(token_ids)
+    if found is None:
+        return token_ids, logprobs, None
+    end, seq = found
+    return token_ids[:end], logprobs[:end], seq
+
+
+def check_truncated_sampling(request: GenerateRequest, *, allowed: bool) -> None:
+    """Refuse top-p / top-k unless the run's mismatch correction is configured for them."""
+    if request.is_truncated_sampling and not allowed:
+        raise ConfigError(
+            f"top_p={request.top_p}, top_k={request.top_k} truncate the sampling distribution, "
+            "so sampler and trainer logprobs no longer describe the same distribution. Use "
+            "top_p=1.0 and top_k=None, or set allow_truncated_sampling=True in the engine "
+            "config once the mismatch correction is configured for truncated sampling."
+        )

@@ -1,0 +1,134 @@
+"""Sampler/trainer parity probe: score one fixed sequence with both, compare logprobs.
+
+Run it after every weight sync. The engine scores the probe with vLLM prompt logprobs
+(computed from raw logits, which equal the processed ones at temperature 1); the trainer
+scores it by teacher forcing: `log_softmax(logits[t - 1] / T)[token t]` with T = 1. Both
+sides therefore describe the same distribution, and any gap is a real mismatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tir_rl.engine.base import Engine
+from tir_rl.errors import ConfigError, ParityError
+
+if TYPE_CHECKING:
+    import torch
+
+TrainerLogprobFn = Callable[[Sequence[int]], Sequence[float]]
+"""Maps probe ids `[T]` to the logprobs `[T - 1]` of ids[1:] given their prefix."""
+
+DEFAULT_PROBE_TEXT = (
+    "<|im_start|>user\nWhat is 17 * 23? Use the calculator.<|im_end|>\n<|im_start|>assistant\n"
+    '<tool_call>{"name": "calc", "arguments": {"expr": "17 * 23"}}</tool_call><|im_end|>\n'
+    "<|im_start|>tool\n<tool_response>391</tool_response><|im_end|>\n"
+    "<|im_start|>assistant\n17 * 23 = 391.<|im_end|>\n"
+)
+"""A short multi-turn conversation with a tool call: the kind of text the engine samples."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParityReport:
+    """How far the engine's logprobs are from the trainer's on the probe."""
+
+    num_tokens: int
+    """Scored positions (probe length - 1)."""
+    mean_abs_diff: float
+    max_abs_diff: float
+    argmax_position: int
+    """Index into the probe of the token with the largest gap."""
+    tolerance: float
+
+    @property
+    def passed(self) -> bool:
+        """Whether the largest gap is within tolerance."""
+        return self.max_abs_diff <= self.tolerance
+
+
+def probe_ids_from_text(tokenizer: Any, text: str = DEFAULT_PROBE_TEXT) -> list[int]:
+    """Token ids of `text` for use as a probe (no special tokens added)."""
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def transformers_logprobs(
+    model: Any, token_ids: Sequence[int], *, temperature: float = 1.0
+) -> torch.Tensor:
+    """Teacher-forced logprobs `[T - 1]` of `token_ids[1:]` under a transformers causal LM.
+
+    Computes in fp32 whatever the model's dtype: `log_softmax(logits[:-1] / T)` gathered at
+    the next token (the logit at position t - 1 predicts token t).
+    """
+    import torch
+
+    ids = torch.tensor([list(token_ids)], dtype=torch.long, device=model.device)
+    with torch.no_grad():
+        logits = model(ids).logits[0, :-1].float()  # [T - 1, V]
+    logprobs = torch.log_softmax(logits / temperature, dim=-1)
+    return logprobs.gather(-1, ids[0, 1:, None]).squeeze(-1).cpu()  # [T - 1]
+
+
+async def probe_parity(
+    engine: Engine,
+    trainer: TrainerLogprobFn | Any,
+    probe_ids: Sequence[int],
+    *,
+    tolerance: float,
+) -> ParityReport:
+    """Compare engine and trainer logprobs on `probe_ids`; raise if they disagree.
+
+    Args:
+        engine: the sampling engine, with the weights just synced.
+        trainer: a function `ids -> logprobs of ids[1:]`, or a transformers causal LM.
+        probe_ids: a fixed token sequence (see `probe_ids_from_text`), at least 2 tokens.
+        tolerance: largest allowed |engine - trainer| logprob on any token (fp32 vs fp32 on
+            the CPU measures ~6e-5; bf16 samplers need ~0.5).
+
+    Raises:
+        ParityError: max |Δ| > tolerance; the message names the usual causes.
+    """
+    if len(probe_ids) < 2:
+        raise ConfigError("the parity probe needs at least 2 tokens")
+    if tolerance < 0:
+        raise ConfigError(f"parity tolerance must be >= 0, got {tolerance}")
+    engine_lp = [float(x) for x in await engine.prompt_logprobs(probe_ids)]
+    trainer_lp = [float(x) for x in _trainer_fn(trainer)(probe_ids)]
+    if len(engine_lp) != len(trainer_lp) or len(engine_lp) != len(probe_ids) - 1:
+        raise ParityError(
+            f"parity probe: engine gave {len(engine_lp)} logprobs, trainer {len(trainer_lp)}, "
+            f"expected {len(probe_ids) - 1} (one per token after the first)"
+        )
+    diffs = [abs(a - b) for a, b in zip(engine_lp, trainer_lp)]
+    worst = max(range(len(diffs)), key=diffs.__getitem__)
+    report = ParityReport(
+        num_tokens=len(diffs),
+        mean_abs_diff=sum(diffs) / len(diffs),
+        max_abs_diff=diffs[worst],
+        argmax_position=worst + 1,
+        tolerance=tolerance,
+    )
+    if not report.passed:
+        info = engine.model_info
+        raise ParityError(
+            f"sampler/trainer logprobs disagree on the parity probe: max |Δ| = "
+            f"{report.max_abs_diff:.3g} at token {report.argmax_position} (mean "
+            f"{report.mean_abs_diff:.3g}) > tolerance {tolerance:g}. Engine: "
+            f"{info.model_path}, dtype {info.dtype}, logprobs_mode {info.logprobs_mode}. Usual "
+            "causes: stale engine weights (the sync did not reach the engine, or the prefix "
+            "cache kept old KV blocks), different dtypes (bf16 engine vs fp32 trainer), an "
+            "lm_head computed in lower precision, or different checkpoints altogether."
+        )
+    return report
+
+
+def _trainer_fn(trainer: TrainerLogprobFn | Any) -> TrainerLogprobFn:
+    if hasattr(trainer, "forward") and hasattr(trainer, "config"):
+        model = trainer
+        return lambda ids: transformers_logprobs(model, ids).tolist()
+    if callable(trainer):
+        return trainer
+    raise ConfigError(
+        f"trainer must be a callable ids -> logprobs or a transformers model, got {type(trainer)}"
+    )

