@@ -54,54 +54,71 @@ def _cap(text, limit, what):
 
 
 class _Capture:
-    """Drain one pipe in a thread, keeping at most `limit` bytes per cell."""
+    """Drain one pipe in a thread, keeping at most `limit` bytes per cell.
+
+    A cell's output ends where a random marker, written through a private descriptor at the
+    end of the cell, comes out of the pipe: everything before it was written during the cell.
+    """
+
+    MARK_LEN = 24
 
     def __init__(self, fd_target, limit, name):
         self.limit = limit
         self.name = name
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
         self.chunks = []
         self.kept = 0
         self.dropped = 0
-        read_fd, write_fd = os.pipe()
+        self.waiting = None
+        self.seen = None
+        read_fd, write_fd = os.pipe()  # both non-inheritable
         os.dup2(write_fd, fd_target)  # fd_target stays inheritable for child processes
-        os.close(write_fd)
+        self.mark_fd = write_fd
         self.read_fd = read_fd
         threading.Thread(target=self._drain, daemon=True).start()
 
     def _take(self, data):
-        with self.lock:
-            room = self.limit - self.kept
-            if room > 0:
-                self.chunks.append(data[:room])
-                self.kept += min(room, len(data))
-            self.dropped += max(0, len(data) - max(room, 0))
+        room = self.limit - self.kept
+        if room > 0:
+            self.chunks.append(data[:room])
+            self.kept += min(room, len(data))
+        self.dropped += max(0, len(data) - max(room, 0))
 
     def _drain(self):
+        carry = b""
         while True:
             try:
-                data = os.read(self.read_fd, 1 << 16)
+                chunk = os.read(self.read_fd, 1 << 16)
             except OSError:
                 return
-            if not data:
+            if not chunk:
                 return
-            self._take(data)
+            data = carry + chunk
+            with self.lock:
+                token = self.waiting
+                if token is not None and token in data:
+                    before, data = data.split(token, 1)
+                    self._take(before)
+                    self.seen, self.waiting = token, None
+                    self.lock.notify_all()
+                keep = self.MARK_LEN - 1
+                self._take(data[:-keep] if len(data) > keep else b"")
+                carry = data[-keep:] if len(data) > keep else data
 
     def collect(self):
         """Return this cell's text (with a truncation marker) and reset for the next cell."""
-        os.set_blocking(self.read_fd, False)
-        try:
-            while True:  # whatever the writers finished writing is in the pipe by now
-                try:
-                    data = os.read(self.read_fd, 1 << 16)
-                except BlockingIOError:
-                    break
-                if not data:
-                    break
-                self._take(data)
-        finally:
-            os.set_blocking(self.read_fd, True)
+        token = b"\x00\x1b" + os.urandom(11).hex().encode()
+        assert len(token) == self.MARK_LEN
         with self.lock:
+            self.waiting, self.seen = token, None
+        try:
+            os.write(self.mark_fd, token)
+            with self.lock:
+                self.lock.wait_for(lambda: self.seen == token, timeout=2.0)
+        except OSError:
+            pass
+        with self.lock:
+            self.waiting = None
             text = b"".join(self.chunks).decode("utf-8", "replace")
             if self.dropped:
                 text += f"\n[... truncated: {self.dropped} more bytes of {self.name} ...]"
