@@ -230,10 +230,16 @@ class Trainer:
             logits_to_keep=keep.to(self.device),
             use_cache=False,
         )
-        logits = output.logits[mb.row.to(self.device), column.to(self.device)]  # [n, V]
-        logits = logits.float() / self.config.temperature
-        logprobs = torch.log_softmax(logits, dim=-1)
-        return logprobs.gather(-1, mb.targets.to(self.device)[:, None]).squeeze(-1)
+        if mb.input_ids.shape[0] == 1 and len(keep) == len(column):
+            logits = output.logits[0]  # packed row: kept columns are exactly the tokens, in order
+        else:
+            logits = output.logits[mb.row.to(self.device), column.to(self.device)]  # [n, V]
+        logits = logits.float()
+        if self.config.temperature != 1.0:
+            logits = logits / self.config.temperature
+        # log_softmax at the target only: logit − logsumexp, without an [n, V] output.
+        target_logits = logits.gather(-1, mb.targets.to(self.device)[:, None]).squeeze(-1)
+        return target_logits - torch.logsumexp(logits, dim=-1)
 
     def _empty_pass(self, *, backward: bool) -> None:
         """A one-token pass contributing nothing, to keep FSDP collectives matched."""
