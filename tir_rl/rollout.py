@@ -1,0 +1,239 @@
+"""The async multi-turn agent loop: episodes in, token-level `Trajectory`s out.
+
+::
+
+    EpisodeSpec ──► Episode (one coroutine each, up to max_concurrent_episodes at once)
+                      │ env.reset / env.step ──► daemon thread, with a deadline
+                      │ every assistant turn ──► engine.generate (its own request)
+                      ▼
+                    Conversation (TITO: sampled ids verbatim, env turns rendered, mask 0)
+                      ▼
+                    Trajectory (+ status, reward, tool counts, timings, group id)
+
+Each assistant turn is its own `GenerateRequest`, so while one episode waits on a tool the
+engine keeps batching the other episodes' turns (continuous batching across episodes).
+
+Stop conditions are token ids, never strings: the chat format's end-of-turn tokens
+(`<|im_end|>`, EOS) always, and, with `Config.stop_at_tool_call_end`, the token ids of
+`</tool_call>` as a stop sequence. That option is off by default: Hermes lets a turn hold
+several calls, and a model may spell `</tool_call>` with other tokens than the tokenizer's
+own encoding (then the sequence never matches and the turn goes on to `<|im_end|>` anyway).
+Turn it on to run each call as soon as it is written (the env answers, and the turn is
+closed with a rendered `<|im_end|>` that carries loss mask 0).
+
+Usage::
+
+    rollout = Rollout(engine, tokenizer, Rollout.Config(max_turns=6))
+    groups = rollout.run_batch_sync(
+        [EpisodeSpec(env_factory=make_env, task_seed=7, group_id=0, sample_index=i)
+         for i in range(8)]
+    )
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tir_rl.errors import ConfigError
+from tir_rl.rollout_episode import Episode, run_blocking
+from tir_rl.types import Trajectory
+
+if TYPE_CHECKING:
+    from tir_rl.chat import ChatFormat
+    from tir_rl.engine.base import Engine
+
+__all__ = ["EpisodeSpec", "Rollout", "group_specs", "run_blocking"]
+
+EnvFactory = Callable[[], Any]
+"""Builds one fresh environment (a `ToolEnv` or any gymnasium env with the same API)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpisodeSpec:
+    """What one episode plays: which env, which task, and where it belongs."""
+
+    env_factory: EnvFactory
+    """Called once per episode (in a worker thread) to build its own env instance."""
+    task_seed: int | None = None
+    """Passed to `env.reset(seed=...)`; the samples of one group share it (same task)."""
+    options: Mapping[str, Any] | None = None
+    """Passed to `env.reset(options=...)`, e.g. `{"task_index": 3}`."""
+    group_id: int = 0
+    """Ties the G samples of one task together (copied to `Trajectory.group_id`)."""
+    sample_index: int = 0
+    """Index within the group; makes each sample's sampling seeds different."""
+
+
+class Rollout:
+    """Runs many episodes concurrently against one engine.
+
+    Args:
+        engine: The sampling engine (`VLLMLocalEngine`, `VLLMHttpEngine`, ...).
+        tokenizer: The model's Hugging Face tokenizer (for the chat format).
+        config: Episode limits and sampling settings.
+        chat_config: Chat format options (system prompt, tool block); the env's tool
+            schemas are added per episode.
+
+    Raises:
+        ConfigError: A limit is invalid or exceeds the engine's context length.
+    """
+
+    @dataclass(kw_only=True)
+    class Config:
+        """Limits and sampling settings of the agent loop."""
+
+        max_turns: int = 8
+        """Most assistant turns per episode; reaching it ends with `TRUNCATED_MAX_TURNS`."""
+        max_tokens_per_turn: int = 512
+        """Most tokens sampled in one assistant turn."""
+        max_context_tokens: int | None = None
+        """Most tokens in the whole conversation (prompt + completion); None: the engine's
+        `max_model_len`. Each turn samples at most what is left; `TRUNCATED_CONTEXT` when
+        nothing is left or the env's answer would not fit."""
+        tool_call_timeout_s: float | None = 60.0
+        """Deadline of one `env.step` (all tool calls of a turn); overrun: `ERROR_TOOL`."""
+        reset_timeout_s: float | None = 120.0
+        """Deadline of building, resetting and closing the env (sandbox start-up included)."""
+        max_parse_errors: int = 4
+        """Malformed tool-call blocks tolerated per episode (each is answered with an error
+        tool message); one more ends the episode with `ERROR_PARSE`."""
+        temperature: float = 1.0
+        """Sampling temperature (> 0); the trainer divides its logits by the same value."""
+        seed: int | None = 0
+        """Base of the per-turn sampling seeds (derived from group, sample and turn); None:
+        unseeded sampling."""
+        max_concurrent_episodes: int = 64
+        """Episodes in flight at once (each holds an env, possibly a sandbox)."""
+        stop_at_tool_call_end: bool = False
+        """Also stop a turn at the token ids of `</tool_call>` (see the module docstring)."""
+        end_on_truncated_turn: bool = True
+        """A turn that hits `max_tokens_per_turn` ends the episode (`TRUNCATED_TURN_LENGTH`);
+        False: the turn is closed with a rendered `<|im_end|>` and given to the env."""
+        end_on_sandbox_error: bool = True
+        """A tool result with `ToolErrorKind.SANDBOX` (broken sandbox, not the model's code)
+        ends the episode with `ERROR_SANDBOX`; False: the model sees the error and goes on."""
+
+        def validate(self) -> None:
+            """Raise `ConfigError` naming the bad field."""
+            for name in ("max_turns", "max_tokens_per_turn", "max_concurrent_episodes"):
+                if getattr(self, name) < 1:
+                    raise ConfigError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+            if self.max_context_tokens is not None and self.max_context_tokens < 2:
+                raise ConfigError("rollout.max_context_tokens must be >= 2 or null")
+            for name in ("tool_call_timeout_s", "reset_timeout_s"):
+                value = getattr(self, name)
+                if value is not None and value <= 0:
+                    raise ConfigError(f"rollout.{name} must be > 0 or null, got {value}")
+            if self.max_parse_errors < 0:
+                raise ConfigError("rollout.max_parse_errors must be >= 0")
+            if not self.temperature > 0:
+                raise ConfigError(
+                    f"rollout.temperature must be > 0, got {self.temperature}: greedy decoding "
+                    "has no sampler logprobs; use a small temperature instead"
+                )
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        config: Config | None = None,
+        *,
+        chat_config: Any = None,
+    ) -> None:
+        self.config = config or Rollout.Config()
+        self.config.validate()
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.chat_config = chat_config
+        engine_len = engine.model_info.max_model_len
+        wanted = self.config.max_context_tokens
+        if wanted is not None and wanted > engine_len:
+            raise ConfigError(
+                f"rollout.max_context_tokens={wanted} exceeds the engine's max_model_len="
+                f"{engine_len}; lower it or raise engine.max_model_len"
+            )
+        self.max_context_tokens: int = wanted or engine_len
+        """The context limit in force (the config's, or the engine's)."""
+        self._formats: dict[str, ChatFormat] = {}
+        self.stop_token_sequences: tuple[tuple[int, ...], ...] = ()
+        """Multi-token stop sequences sent with every request."""
+        if self.config.stop_at_tool_call_end:
+            from tir_rl.chat import ChatFormat
+            from tir_rl.chat_parse import TOOL_CALL_CLOSE
+
+            close_ids = ChatFormat(tokenizer).encode_assistant_text(TOOL_CALL_CLOSE)
+            self.stop_token_sequences = (tuple(close_ids),)
+
+    def chat_format_for(self, tool_schemas: Sequence[dict[str, Any]]) -> ChatFormat:
+        """The chat format showing these tool schemas (cached per distinct schema list)."""
+        from tir_rl.chat import ChatFormat
+
+        key = json.dumps(list(tool_schemas), sort_keys=True, default=str)
+        fmt = self._formats.get(key)
+        if fmt is None:
+            fmt = ChatFormat(self.tokenizer, tool_schemas=tool_schemas, config=self.chat_config)
+            self._formats[key] = fmt
+        return fmt
+
+    # ---------------------------------------------------------------------- async API
+    async def run_episode(self, spec: EpisodeSpec) -> Trajectory:
+        """Play one episode; failures become error statuses, never exceptions."""
+        return await Episode(self, spec).run()
+
+    async def run_batch(self, specs: Sequence[EpisodeSpec]) -> list[Trajectory]:
+        """Play all episodes, at most `max_concurrent_episodes` at once; results in order."""
+        limit = asyncio.Semaphore(self.config.max_concurrent_episodes)
+
+        async def bounded(spec: EpisodeSpec) -> Trajectory:
+            async with limit:
+                return await self.run_episode(spec)
+
+        return list(await asyncio.gather(*(bounded(s) for s in specs)))
+
+    async def run_group(
+        self,
+        env_factory: EnvFactory,
+        task_seed: int | None,
+        *,
+        group_size: int,
+        group_id: int = 0,
+        options: Mapping[str, Any] | None = None,
+    ) -> list[Trajectory]:
+        """Play `group_size` samples of one task (same env seed and options)."""
+        return await self.run_batch(
+            group_specs(
+                env_factory, task_seed, group_size=group_size, group_id=group_id, options=options
+            )
+        )
+
+    # ----------------------------------------------------------------------- sync API
+    def run_batch_sync(self, specs: Sequence[EpisodeSpec]) -> list[Trajectory]:
+        """`run_batch` for scripts without an event loop (runs its own with `asyncio.run`)."""
+        return asyncio.run(self.run_batch(specs))
+
+
+def group_specs(
+    env_factory: EnvFactory,
+    task_seed: int | None,
+    *,
+    group_size: int,
+    group_id: int = 0,
+    options: Mapping[str, Any] | None = None,
+) -> list[EpisodeSpec]:
+    """The `EpisodeSpec`s of one group: same task, sample indices 0..group_size-1."""
+    if group_size < 1:
+        raise ConfigError(f"group_size must be >= 1, got {group_size}")
+    return [
+        EpisodeSpec(
+            env_factory=env_factory,
+            task_seed=task_seed,
+            options=options,
+            group_id=group_id,
+            sample_index=i,
+        )
+        for i in range(group_size)
+    ]

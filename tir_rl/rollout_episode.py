@@ -1,0 +1,300 @@
+"""One episode of the agent loop: reset, then sample / parse / step until the episode ends.
+
+Everything here runs on the agent loop's event loop, except the environment's `reset` and
+`step` (and building and closing the env), which may block on a sandbox: they run in a
+daemon thread each, under a deadline (`run_blocking`). A step that overruns its deadline
+ends only its own episode; its thread is abandoned (Python cannot kill a thread) and, being
+a daemon, never keeps the process alive.
+
+Every failure is turned into a `RolloutStatus` on the episode's `Trajectory`, with a
+readable `Trajectory.error`; nothing raised here reaches the batch except cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from tir_rl.engine.base import FinishReason, GenerateRequest
+from tir_rl.errors import SandboxError
+from tir_rl.types import EpisodeTimings, Message, RolloutStatus, ToolErrorKind, Trajectory
+
+if TYPE_CHECKING:
+    from tir_rl.chat import ChatFormat, Conversation
+    from tir_rl.engine.base import Engine
+    from tir_rl.rollout import EpisodeSpec, Rollout
+
+T = TypeVar("T")
+
+
+class StepTimeoutError(TimeoutError):
+    """A blocking environment call did not return within its deadline."""
+
+
+async def run_blocking(fn: Callable[..., T], *args: Any, timeout_s: float | None, name: str) -> T:
+    """Run `fn(*args)` in a fresh daemon thread; await its result, at most `timeout_s`.
+
+    Unlike `asyncio.to_thread`, a call that never returns neither occupies a slot of a
+    shared pool (which would starve other episodes) nor blocks interpreter exit.
+
+    Raises:
+        StepTimeoutError: `fn` did not return in time (it keeps running, abandoned).
+        Exception: Whatever `fn` raised.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if future.done():  # cancelled or timed out meanwhile
+            return
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+
+    def target() -> None:
+        try:
+            outcome = (True, fn(*args))
+        except BaseException as exc:  # noqa: BLE001 (handed to the awaiting coroutine)
+            outcome = (False, exc)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the event loop has closed: nobody is waiting any more
+            pass
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    try:
+        return await asyncio.wait_for(future, timeout_s)
+    except TimeoutError as exc:
+        raise StepTimeoutError(f"{name} did not return within {timeout_s} s") from exc
+
+
+def turn_seed(base: int | None, spec: EpisodeSpec, turn: int) -> int | None:
+    """Sampling seed of one turn: distinct per (group, sample, turn), reproducible."""
+    if base is None:
+        return None
+    key = f"{base}/{spec.group_id}/{spec.sample_index}/{turn}".encode()
+    return zlib.crc32(key) & 0x7FFFFFFF
+
+
+@dataclass
+class _Ending:
+    status: RolloutStatus
+    error: str | None = None
+
+
+class Episode:
+    """The state of one episode while it runs (see `Rollout.run_episode`)."""
+
+    def __init__(self, rollout: Rollout, spec: EpisodeSpec) -> None:
+        self.rollout = rollout
+        self.config = rollout.config
+        self.engine: Engine = rollout.engine
+        self.spec = spec
+        self.timings = EpisodeTimings()
+        self.reward = 0.0
+        self.num_tool_calls = 0
+        self.num_tool_errors = 0
+        self.num_parse_errors = 0
+        self.env: Any = None
+        self.env_hung = False
+        self.conv: Conversation | None = None
+        self.chat_format: ChatFormat | None = None
+
+    # ------------------------------------------------------------------------- running
+    async def run(self) -> Trajectory:
+        """Play the episode to its end; never raises except on cancellation."""
+        start = time.perf_counter()
+        try:
+            ending = await self._play()
+        finally:
+            await self._close_env()
+        self.timings.total_s = time.perf_counter() - start
+        return self._trajectory(ending)
+
+    async def _play(self) -> _Ending:
+        c = self.config
+        label = f"episode g{self.spec.group_id}/s{self.spec.sample_index}"
+        try:
+            self.env = await run_blocking(
+                self.spec.env_factory, timeout_s=c.reset_timeout_s, name=f"{label} make env"
+            )
+            messages, info = await run_blocking(
+                self._reset, timeout_s=c.reset_timeout_s, name=f"{label} env.reset"
+            )
+        except Exception as exc:  # noqa: BLE001 (one episode's env failure, not the batch's)
+            self.env_hung = isinstance(exc, StepTimeoutError)
+            return _env_failure(exc, "building or resetting the environment")
+        schemas = getattr(info, "tool_schemas", ())
+        self.chat_format = self.rollout.chat_format_for(schemas)
+        self.conv = conv = self.chat_format.conversation(messages)
+
+        for turn in range(c.max_turns):
+            ending = await self._sample_turn(conv, turn)
+            if ending is not None:
+                return ending
+            ending, env_messages = await self._step_env(conv, label)
+            if ending is not None:
+                return ending
+            if turn == c.max_turns - 1:  # no turn left to read the env's answer
+                break
+            pending = self.chat_format.render_env_turns(
+                env_messages, close_turn=not conv.current_turn_closed
+            )
+            if conv.num_tokens + len(pending) >= self.rollout.max_context_tokens:
+                return _Ending(
+                    RolloutStatus.TRUNCATED_CONTEXT,
+                    f"the environment's answer ({len(pending)} tokens) leaves no room to sample "
+                    f"within max_context_tokens={self.rollout.max_context_tokens}",
+                )
+            conv.append_messages(env_messages)
+        return _Ending(RolloutStatus.TRUNCATED_MAX_TURNS)
+
+    def _reset(self) -> tuple[Sequence[Message], Any]:
+        return self.env.reset(seed=self.spec.task_seed, options=self.spec.options)
+
+    async def _sample_turn(self, conv: Conversation, turn: int) -> _Ending | None:
+        """Generate one assistant turn and append it; an ending if the episode stops here."""
+        c = self.config
+        assert self.chat_format is not None
+        remaining = self.rollout.max_context_tokens - conv.num_tokens
+        if remaining < 1:
+            return _Ending(RolloutStatus.TRUNCATED_CONTEXT, None)
+        max_tokens = min(c.max_tokens_per_turn, remaining)
+        request = GenerateRequest(
+            prompt_token_ids=conv.token_ids,
+            max_tokens=max_tokens,
+            temperature=c.temperature,
+            seed=turn_seed(c.seed, self.spec, turn),
+            stop_token_ids=self.chat_format.stop_token_ids,
+            stop_token_sequences=self.rollout.stop_token_sequences,
+        )
+        t0 = time.perf_counter()
+        try:
+            result = await self.engine.generate(request)
+        except Exception as exc:  # noqa: BLE001 (this request failed; the others go on)
+            return _Ending(RolloutStatus.ERROR_ENGINE, f"turn {turn}: {_describe(exc)}")
+        finally:
+            self.timings.generate_s += time.perf_counter() - t0
+        if result.finish_reason in (FinishReason.ABORT, FinishReason.ERROR):
+            return _Ending(
+                RolloutStatus.ERROR_ENGINE,
+                f"turn {turn}: the engine ended the request with {result.finish_reason.value!r}",
+            )
+        if not result.token_ids:
+            return _Ending(RolloutStatus.ERROR_ENGINE, f"turn {turn}: the engine sampled nothing")
+        conv.append_sampled(result.token_ids, result.logprobs)
+        if result.finish_reason == FinishReason.LENGTH:
+            if (
+                max_tokens < c.max_tokens_per_turn
+                or conv.num_tokens >= self.rollout.max_context_tokens
+            ):
+                return _Ending(RolloutStatus.TRUNCATED_CONTEXT)
+            if c.end_on_truncated_turn:
+                return _Ending(RolloutStatus.TRUNCATED_TURN_LENGTH)
+        return None
+
+    async def _step_env(
+        self, conv: Conversation, label: str
+    ) -> tuple[_Ending | None, list[Message]]:
+        """Parse the turn, let the environment answer it; an ending if the episode stops."""
+        c = self.config
+        assert self.chat_format is not None
+        parsed = self.chat_format.parse_assistant(conv.current_turn_ids)
+        self.num_tool_calls += parsed.num_blocks
+        self.num_parse_errors += len(parsed.errors)
+        if self.num_parse_errors > c.max_parse_errors:
+            self.num_tool_errors += len(parsed.errors)
+            return _Ending(
+                RolloutStatus.ERROR_PARSE,
+                f"{self.num_parse_errors} malformed tool calls (max_parse_errors="
+                f"{c.max_parse_errors}); last: {parsed.errors[-1].kind.value}",
+            ), []
+        action = conv.messages[-1]
+        t0 = time.perf_counter()
+        try:
+            out = await run_blocking(
+                self.env.step, action, timeout_s=c.tool_call_timeout_s, name=f"{label} env.step"
+            )
+        except Exception as exc:  # noqa: BLE001 (one episode's tool failure)
+            self.env_hung = isinstance(exc, StepTimeoutError)
+            return _env_failure(exc, f"turn {conv.turn_index}: env.step"), []
+        finally:
+            self.timings.tools_s += time.perf_counter() - t0
+        messages, reward, terminated, truncated, info = out
+        self.reward += float(reward)
+        results = tuple(getattr(info, "tool_results", ()))
+        self.num_tool_errors += sum(getattr(r, "error", None) is not None for r in results)
+        sandbox_failures = [r for r in results if r.error == ToolErrorKind.SANDBOX]
+        if sandbox_failures and c.end_on_sandbox_error:
+            return _Ending(RolloutStatus.ERROR_SANDBOX, sandbox_failures[0].content), []
+        if terminated:
+            return _Ending(RolloutStatus.FINISHED), []
+        if truncated:
+            return _Ending(RolloutStatus.TRUNCATED_MAX_TURNS), []
+        if not messages:
+            return _Ending(
+                RolloutStatus.ERROR_TOOL,
+                f"turn {conv.turn_index}: env.step returned no messages without ending the "
+                "episode (a ToolEnv must answer every non-final turn)",
+            ), []
+        return None, list(messages)
+
+    async def _close_env(self) -> None:
+        if self.env is None:
+            return
+        if self.env_hung:  # its lock is held by the stuck call: close without waiting
+            threading.Thread(target=_close_quietly, args=(self.env,), daemon=True).start()
+            return
+        try:
+            await run_blocking(
+                _close_quietly, self.env, timeout_s=self.config.reset_timeout_s, name="env.close"
+            )
+        except StepTimeoutError:
+            pass
+
+    # ---------------------------------------------------------------------- trajectory
+    def _trajectory(self, ending: _Ending) -> Trajectory:
+        fields: dict[str, Any] = {
+            "reward": self.reward,
+            "status": ending.status,
+            "group_id": self.spec.group_id,
+            "num_tool_calls": self.num_tool_calls,
+            "num_tool_errors": self.num_tool_errors,
+            "timings": self.timings,
+            "error": ending.error,
+        }
+        if self.conv is None:  # the env never produced a prompt
+            return Trajectory(
+                prompt_ids=[],
+                completion_ids=[],
+                loss_mask=[],
+                sampler_logprobs=[],
+                turn_ids=[],
+                **fields,
+            )
+        return self.conv.to_trajectory(**fields)
+
+
+def _env_failure(exc: BaseException, what: str) -> _Ending:
+    if isinstance(exc, SandboxError):
+        return _Ending(RolloutStatus.ERROR_SANDBOX, f"{what}: {_describe(exc)}")
+    if isinstance(exc, StepTimeoutError):
+        return _Ending(RolloutStatus.ERROR_TOOL, f"{what}: {exc} (tool call timeout)")
+    return _Ending(RolloutStatus.ERROR_TOOL, f"{what} raised {_describe(exc)}")
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _close_quietly(env: Any) -> None:
+    try:
+        env.close()
+    except Exception:  # noqa: BLE001, S110 (closing is best effort at the end of an episode)
+        pass
