@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from trainer_helpers import make_batch, with_sampler_logprobs
 
@@ -117,3 +118,12 @@ def test_rejected_sequences_leave_the_normalizer(make_trainer):
     assert result.metrics["train/num_loss_tokens"] == float(kept.sum())
     assert result.metrics["train/num_loss_sequences"] == 3.0
     assert result.metrics["train/num_masked_by_correction"] == float(batch.loss_mask[1].sum())
+
+
+def test_gradient_checkpointing_gives_the_same_step(make_trainer):
+    batch = make_batch()
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    plain = make_trainer().train_step(batch, adv)
+    ckpt = make_trainer(grad_checkpointing=True).train_step(batch, adv)
+    assert ckpt.loss == pytest.approx(plain.loss, abs=1e-6)
+    assert ckpt.grad_norm == pytest.approx(plain.grad_norm, rel=1e-5)
