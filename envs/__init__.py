@@ -16,6 +16,7 @@ infos, while a ToolEnv works in messages and typed infos. Use `check_env` instea
 from __future__ import annotations
 
 import gymnasium
+
 from tir_rl.envs.base import ResetInfo, Reward, Split, StepInfo, Task, ToolEnv
 from tir_rl.envs.checker import check_env
 

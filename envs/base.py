@@ -18,9 +18,11 @@ Subclasses implement `build_tools`, `generate_task`, `instructions` and `score`;
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import math
+import sys
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -30,9 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 import gymnasium
 from gymnasium.error import ResetNeeded
+
 from tir_rl.envs.answers import ExtractedAnswer, extract_answer
 from tir_rl.envs.sandbox_handle import LazySandbox
-
 from tir_rl.errors import ConfigError, SandboxError
 from tir_rl.types import Message, Role, ToolCall, ToolErrorKind, ToolResult
 
@@ -287,7 +289,8 @@ class ToolEnv(gymnasium.Env[list[Message], Message]):
             truncated = self.config.max_turns is not None and self._turn >= self.config.max_turns
             calls = _calls_of(action)
             if calls:
-                results = tuple(self._run_call(call) for call in calls)
+                with self._bind_sandbox():
+                    results = tuple(self._run_call(call) for call in calls)
                 messages = [Message.tool(r.content, name=r.name or None) for r in results]
                 self._done = truncated
                 return messages, 0.0, False, truncated, StepInfo(self._turn, results)
@@ -326,6 +329,16 @@ class ToolEnv(gymnasium.Env[list[Message], Message]):
                 else ToolErrorKind.TOOL_RAISED
             )
             return ToolResult(call.name, f"Error: {type(exc).__name__}: {exc}", error=kind)
+
+    def _bind_sandbox(self) -> AbstractContextManager[Any]:
+        """Bind the episode's sandbox for the `python` tool (it reads a context variable).
+
+        If `tir_rl.tools.python` was never imported, no tool can be using it.
+        """
+        module = sys.modules.get("tir_rl.tools.python")
+        if module is None or self._sandbox is None:
+            return contextlib.nullcontext()
+        return module.use_sandbox(self._sandbox)
 
     def _resolve_factory(self) -> SandboxFactory:
         if self._sandbox_factory is not None:

@@ -20,8 +20,8 @@ from typing import Any
 
 import gymnasium
 import numpy as np
-from tir_rl.envs.base import ResetInfo, Split, StepInfo
 
+from tir_rl.envs.base import ResetInfo, Split, StepInfo
 from tir_rl.errors import EnvironmentSpecError
 from tir_rl.types import Message, Role, ToolCall
 

@@ -1,13 +1,12 @@
 """Problem families of MathPython: easy with a Python interpreter, hard without one.
 
 Each family is a function ``(rng, difficulty) -> Problem``. A problem's parameters are
-JSON-able and fully determine its question and answer; ``Problem.canonical`` (family,
-difficulty and parameters) decides its split, so train and test never share a problem.
+JSON-able and fully determine its question and answer; ``Problem.canonical`` (the question
+text) decides its split, so train and test never share a question.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from collections.abc import Callable
@@ -29,9 +28,12 @@ class Problem:
 
     @property
     def canonical(self) -> str:
-        """Canonical form: equal problems have equal canonical forms."""
-        params = json.dumps(self.params, sort_keys=True)
-        return f"{self.family}|{self.difficulty}|{params}"
+        """Canonical form: the question text, since it is exactly what the model sees.
+
+        (Family and parameters would not do: ranges of neighbouring difficulties overlap, so
+        one question can come from two difficulties.)
+        """
+        return self.question
 
     @property
     def answer_text(self) -> str:

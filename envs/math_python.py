@@ -8,9 +8,9 @@ Reward: ``correct`` is 1 when the final answer equals the exact rational referen
 ``Config.format_reward`` when it used the ``<answer>`` tag.
 
 Splits: task ``index`` of split ``s`` is the first candidate problem drawn from the seed
-stream ``(index, attempt = 0, 1, ...)`` whose canonical form hashes into ``s`` (20% of the
-hash space is test). A problem's split is a function of the problem itself, so the train
-and test pools are disjoint by construction.
+stream ``(index, attempt = 0, 1, ...)`` whose question text hashes into ``s`` (20% of the
+hash space is test). A question's split is a function of the question itself, so the train
+and test pools never share a question, by construction.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 from tir_rl.envs.answers import ANSWER_INSTRUCTIONS, numbers_equal
 from tir_rl.envs.base import Split, Task, ToolEnv
 from tir_rl.envs.math_problems import FAMILIES, Problem
-
 from tir_rl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -43,7 +42,7 @@ SYSTEM_PROMPT = (
 
 
 def split_of(problem: Problem) -> Split:
-    """The split a problem belongs to, from a hash of its canonical form."""
+    """The split a problem belongs to, from a hash of its question text."""
     digest = hashlib.sha256(problem.canonical.encode()).digest()
     return Split.TEST if int.from_bytes(digest[:8], "big") % 100 < TEST_PERCENT else Split.TRAIN
 

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 from tir_rl.envs.answers import ANSWER_INSTRUCTIONS, normalize_name
 from tir_rl.envs.base import Task, ToolEnv
 from tir_rl.envs.knowledge_base import KnowledgeBase, generate_kb, random_chain
-
 from tir_rl.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 
 import pytest
+
 from tir_rl.sandbox.base import ExecResult
 
 

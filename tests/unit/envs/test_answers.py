@@ -1,6 +1,7 @@
 from fractions import Fraction
 
 import pytest
+
 from tir_rl.envs.answers import extract_answer, normalize_name, numbers_equal, parse_number
 
 

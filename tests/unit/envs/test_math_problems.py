@@ -12,6 +12,7 @@ from sympy.parsing.sympy_parser import (
     parse_expr,
     standard_transformations,
 )
+
 from tir_rl.envs.math_problems import FAMILIES, Problem
 
 

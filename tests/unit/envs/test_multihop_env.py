@@ -2,10 +2,10 @@ import re
 
 import gymnasium as gym
 import pytest
+
 import tir_rl.envs  # noqa: F401 (registers the ids)
 from tir_rl.envs.base import Split
 from tir_rl.envs.multihop import MultiHopEnv
-
 from tir_rl.errors import ConfigError
 from tir_rl.types import Message, Role, ToolCall, ToolErrorKind
 

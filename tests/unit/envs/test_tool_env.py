@@ -5,11 +5,11 @@ from dataclasses import dataclass
 
 import pytest
 from gymnasium.error import ResetNeeded
+
 from tir_rl.envs.answers import ANSWER_INSTRUCTIONS
 from tir_rl.envs.base import NUDGE, ResetInfo, Split, StepInfo, Task, ToolEnv
-from tir_rl.tools import ToolRegistry, tool
-
 from tir_rl.errors import ConfigError
+from tir_rl.tools import ToolRegistry, tool
 from tir_rl.types import Message, Role, ToolCall, ToolErrorKind
 
 
