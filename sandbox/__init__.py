@@ -22,11 +22,10 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from tir_rl.errors import ConfigError
 from tir_rl.sandbox.base import ExecResult, Sandbox
 from tir_rl.sandbox.bwrap import BwrapBackend
 from tir_rl.sandbox.docker import DockerBackend
-
-from tir_rl.errors import ConfigError
 
 __all__ = [
     "Backend", "ExecResult", "Sandbox", "SandboxConfig", "configure", "get_pool",

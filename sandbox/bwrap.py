@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tir_rl.errors import SetupError
 from tir_rl.sandbox.image import ImageBuilder, repl_source
 from tir_rl.sandbox.pool import CellLimits, WarmPool
 from tir_rl.sandbox.protocol import (
@@ -39,8 +40,6 @@ from tir_rl.sandbox.protocol import (
     decode_response,
     encode_request,
 )
-
-from tir_rl.errors import SetupError
 
 logger = logging.getLogger(__name__)
 

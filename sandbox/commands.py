@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
-from tir_rl.sandbox import Backend, SandboxConfig, configure, open_episode, shutdown
 
 from tir_rl.config import from_dict, merge, parse_overrides
 from tir_rl.errors import ConfigError
+from tir_rl.sandbox import Backend, SandboxConfig, configure, open_episode, shutdown
 
 logger = logging.getLogger(__name__)
 

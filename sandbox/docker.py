@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from tir_rl.errors import SandboxError, SetupError
 from tir_rl.sandbox.image import repl_source
 from tir_rl.sandbox.pool import CellLimits, WarmPool
 from tir_rl.sandbox.protocol import (
@@ -33,8 +34,6 @@ from tir_rl.sandbox.protocol import (
     decode_response,
     encode_request,
 )
-
-from tir_rl.errors import SandboxError, SetupError
 
 logger = logging.getLogger(__name__)
 

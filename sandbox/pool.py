@@ -27,10 +27,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tir_rl.errors import SandboxError
 from tir_rl.sandbox.base import ExecResult
 from tir_rl.sandbox.protocol import Worker, WorkerDied, WorkerTimeout, response_to_result
-
-from tir_rl.errors import SandboxError
 
 logger = logging.getLogger(__name__)
 
