@@ -21,7 +21,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from tir_rl.envs.base import ResetInfo, Split, StepInfo
+from tir_rl.envs.episode import ResetInfo, Split, StepInfo
 from tir_rl.errors import EnvironmentSpecError
 from tir_rl.types import Message, Role, ToolCall
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from tir_rl.envs.base import Split
+from tir_rl.envs.episode import Split
 
 RELATIONS: dict[str, dict[str, str]] = {
     "person": {"mentor": "person", "rival": "person", "employer": "company", "hometown": "city"},

@@ -1,0 +1,117 @@
+"""Typed records of an episode: the task, what reset and step report, the reward, the spaces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+import gymnasium
+
+from tir_rl.types import Message, Role, ToolResult
+
+if TYPE_CHECKING:
+    from tir_rl.tools import ToolRegistry
+
+
+class Split(StrEnum):
+    """Which task pool an environment draws from; pools of one environment never overlap."""
+
+    TRAIN = "train"
+    TEST = "test"
+
+
+@dataclass(frozen=True)
+class Task:
+    """One problem: what the model is asked and what counts as right."""
+
+    id: str
+    """Stable identifier (the same seed or task index always gives the same id)."""
+    question: str
+    """The user message."""
+    answer: str
+    """The reference answer, as text."""
+    split: Split
+    difficulty: int
+    """1 (easiest) and up; what it means is environment-specific."""
+    data: dict[str, Any] = field(default_factory=dict)
+    """Environment-specific parameters (the generator's inputs, for verification)."""
+
+
+@dataclass(frozen=True)
+class ResetInfo:
+    """What ``reset`` reports besides the messages."""
+
+    task_id: str
+    split: Split
+    difficulty: int
+    tools: ToolRegistry
+    """The task's tools; render their schemas into the system turn."""
+    task: Task
+
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """OpenAI function-calling schemas of the tools."""
+        return list(self.tools.json_schemas)
+
+
+@dataclass(frozen=True)
+class Reward:
+    """How the reward of a finished episode was made: ``total = correct + format + shaping``."""
+
+    correct: float
+    """The verifier's score of the final answer, in [0, 1]."""
+    format: float = 0.0
+    """``Config.format_reward`` when the answer used the ``<answer>`` tag, else 0."""
+    shaping: float = 0.0
+    """Environment-specific progress bonus (0 unless the environment's config enables it)."""
+
+    @property
+    def total(self) -> float:
+        """The scalar reward ``step`` returns."""
+        return float(self.correct + self.format + self.shaping)
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What ``step`` reports besides messages, reward and the two end flags."""
+
+    turn: int
+    """1-based index of the assistant turn just handled."""
+    tool_results: tuple[ToolResult, ...] = ()
+    """One result per tool call of the turn, in order (errors included)."""
+    answer: str | None = None
+    """The extracted final answer, on the final turn."""
+    reward: Reward | None = None
+    """The reward breakdown, on the final turn."""
+    nudged: bool = False
+    """Whether the env answered with a nudge because the turn had no call and no answer."""
+
+    @property
+    def num_tool_errors(self) -> int:
+        """Calls of this turn that failed."""
+        return sum(not r.ok for r in self.tool_results)
+
+
+class MessagesSpace(gymnasium.Space[list[Message]]):
+    """Observation space: a list of chat messages."""
+
+    def contains(self, x: Any) -> bool:
+        """Whether `x` is a list of `Message`."""
+        return isinstance(x, list) and all(isinstance(m, Message) for m in x)
+
+    def sample(self, mask: Any = None, probability: Any = None) -> list[Message]:
+        """A fixed sample (the space is not meant for random sampling)."""
+        return [Message.user("Hello")]
+
+
+class AssistantMessageSpace(gymnasium.Space[Message]):
+    """Action space: one assistant message."""
+
+    def contains(self, x: Any) -> bool:
+        """Whether `x` is an assistant `Message`."""
+        return isinstance(x, Message) and x.role == Role.ASSISTANT
+
+    def sample(self, mask: Any = None, probability: Any = None) -> Message:
+        """A fixed sample: an assistant turn with an empty answer."""
+        return Message.assistant("<answer></answer>")
