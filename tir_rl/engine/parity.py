@@ -100,7 +100,7 @@ async def probe_parity(
             f"parity probe: engine gave {len(engine_lp)} logprobs, trainer {len(trainer_lp)}, "
             f"expected {len(probe_ids) - 1} (one per token after the first)"
         )
-    diffs = [abs(a - b) for a, b in zip(engine_lp, trainer_lp)]
+    diffs = [abs(a - b) for a, b in zip(engine_lp, trainer_lp, strict=True)]
     worst = max(range(len(diffs)), key=diffs.__getitem__)
     report = ParityReport(
         num_tokens=len(diffs),

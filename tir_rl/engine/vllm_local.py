@@ -111,7 +111,7 @@ class VLLMLocalEngine:
             if self.max_model_len < 2:
                 raise ConfigError(f"engine.max_model_len must be >= 2, got {self.max_model_len}")
             if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
-                raise ConfigError(f"engine.kv_cache_gib must be > 0 or null, got {self.kv_cache_gib}")
+                raise ConfigError(f"engine.kv_cache_gib must be > 0, got {self.kv_cache_gib}")
             if not 0 < self.gpu_memory_utilization <= 1:
                 raise ConfigError("engine.gpu_memory_utilization must be in (0, 1]")
 
@@ -283,13 +283,15 @@ class VLLMLocalEngine:
         request_id = f"tir-probe-{next(self._ids)}"
         final = None
         try:
-            async for out in self._llm.generate({"prompt_token_ids": token_ids}, params, request_id):
+            prompt = {"prompt_token_ids": token_ids}
+            async for out in self._llm.generate(prompt, params, request_id):
                 final = out
         except Exception as exc:
             raise engine_error_from(exc, f"prompt logprobs {request_id}") from exc
         if final is None or final.prompt_logprobs is None:
             raise EngineError(f"prompt logprobs {request_id}: vLLM returned none")
-        return [entry[tok].logprob for entry, tok in zip(final.prompt_logprobs[1:], token_ids[1:])]
+        entries = final.prompt_logprobs[1:]
+        return [entry[tok].logprob for entry, tok in zip(entries, token_ids[1:], strict=True)]
 
     async def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Load `state_dict` (Hugging Face names) into the running engine, in place.
@@ -344,7 +346,7 @@ def _sampled_logprobs(entries: Any, token_ids: list[int]) -> list[float]:
     """Each sampled token's logprob from vLLM's per-position `{token: Logprob}` entries."""
     if entries is None or len(entries) != len(token_ids):
         raise EngineError("vLLM returned no logprobs for sampled tokens (logprobs=0 was set)")
-    return [entry[tok].logprob for entry, tok in zip(entries, token_ids)]
+    return [entry[tok].logprob for entry, tok in zip(entries, token_ids, strict=True)]
 
 
 def _finish_reason(reason: object) -> FinishReason:

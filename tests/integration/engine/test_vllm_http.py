@@ -1,0 +1,150 @@
+"""A real `vllm serve` on loopback with a tiny model, reached through VLLMHttpEngine."""
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import torch
+
+from tir_rl.engine import GenerateRequest, VLLMHttpEngine, VLLMLocalEngine
+from tir_rl.engine.parity import probe_parity, transformers_logprobs
+from tir_rl.engine.vllm_http import serve_command
+from tir_rl.errors import ConfigError, EngineError, ParityError
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+PROMPT = [1, 504, 2462, 314, 253, 1789, 30, 198]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_path, tmp_path_factory):
+    port = _free_port()
+    config = VLLMLocalEngine.Config(
+        model_path=str(tiny_model_path), max_model_len=256, kv_cache_gib=0.0625, max_num_seqs=32
+    )
+    cmd = serve_command(config, port=port, served_model_name="tiny", python=sys.executable)
+    log = (tmp_path_factory.mktemp("server") / "server.log").open("w")
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, f"vllm serve exited; see {log.name}"
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        else:
+            pytest.fail(f"vllm serve did not become healthy; see {log.name}")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def engine(server, tmp_path_factory):
+    config = VLLMHttpEngine.Config(
+        base_url=server,
+        model="tiny",
+        dtype="float32",
+        weights_dir=str(tmp_path_factory.mktemp("weights")),
+    )
+    with VLLMHttpEngine(config) as engine:
+        yield engine
+
+
+def test_model_info_comes_from_the_server(engine, tiny_model_path):
+    info = engine.model_info
+    assert info.model_path == str(tiny_model_path)
+    assert info.max_model_len == 256
+    assert info.logprobs_mode == "processed_logprobs"
+    assert info.dtype == "float32"
+
+
+def test_sampled_ids_and_logprobs_match_transformers_fp32(engine, hf_model):
+    result = asyncio.run(
+        engine.generate(
+            GenerateRequest(prompt_token_ids=PROMPT, max_tokens=12, temperature=0.7, seed=3)
+        )
+    )
+    recomputed = transformers_logprobs(hf_model, PROMPT + result.token_ids, temperature=0.7)
+    sampled = torch.tensor(result.logprobs)
+    assert (recomputed[len(PROMPT) - 1 :] - sampled).abs().max().item() < 1e-3
+
+
+def test_logprobs_mode_probe_detects_processed_logprobs(engine):
+    assert engine._loop.run_sync(engine._probe_logprobs_mode()) == "processed_logprobs"
+
+
+def test_concurrent_requests_and_one_bad_request(engine):
+    async def mixed():
+        good = [GenerateRequest(prompt_token_ids=PROMPT, max_tokens=8, seed=s) for s in range(8)]
+        bad = GenerateRequest(prompt_token_ids=[5] * 300, max_tokens=4)
+        return await asyncio.gather(
+            *(engine.generate(r) for r in [*good, bad]), return_exceptions=True
+        )
+
+    *ok, bad = asyncio.run(mixed())
+    assert isinstance(bad, EngineError) and "HTTP 400" in str(bad)
+    assert all(len(r.token_ids) == 8 for r in ok)
+
+
+def test_multi_token_stop_sequence_cuts_on_ids(engine):
+    req = GenerateRequest(prompt_token_ids=PROMPT, max_tokens=12, seed=4)
+    reference = asyncio.run(engine.generate(req))
+    seq = reference.token_ids[3:5]
+    stopped = GenerateRequest(
+        prompt_token_ids=PROMPT, max_tokens=12, seed=4, stop_token_sequences=[seq]
+    )
+    result = asyncio.run(engine.generate(stopped))
+    assert result.token_ids == reference.token_ids[:5]
+    assert result.stop_sequence == tuple(seq)
+
+
+def test_wrong_model_name_is_a_clear_error(server):
+    with pytest.raises(EngineError, match="not the configured model"):
+        VLLMHttpEngine(VLLMHttpEngine.Config(base_url=server, model="other"))
+
+
+def test_unreachable_server_is_retried_then_reported():
+    config = VLLMHttpEngine.Config(
+        base_url=f"http://127.0.0.1:{_free_port()}", max_retries=2, backoff_s=0.01
+    )
+    with pytest.raises(EngineError, match="unreachable after 3 attempts"):
+        VLLMHttpEngine(config)
+
+
+def test_update_weights_over_http_and_parity(engine, hf_model, perturbed_model, probe_ids):
+    assert asyncio.run(probe_parity(engine, hf_model, probe_ids, tolerance=1e-3)).passed
+    asyncio.run(engine.update_weights(perturbed_model.state_dict()))
+    try:
+        assert asyncio.run(probe_parity(engine, perturbed_model, probe_ids, tolerance=1e-3)).passed
+        with pytest.raises(ParityError):
+            asyncio.run(probe_parity(engine, hf_model, probe_ids, tolerance=1e-3))
+    finally:
+        asyncio.run(engine.update_weights(hf_model.state_dict()))
+
+
+def test_update_weights_needs_a_weights_dir(server):
+    with VLLMHttpEngine(VLLMHttpEngine.Config(base_url=server)) as engine:
+        with pytest.raises(ConfigError, match="weights_dir"):
+            asyncio.run(engine.update_weights({"x": torch.zeros(1)}))

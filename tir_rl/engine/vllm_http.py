@@ -1,0 +1,436 @@
+"""A running vLLM OpenAI-compatible server behind the `Engine` contract, through httpx.
+
+Requests go to `/v1/completions` with the prompt given as token ids, `return_token_ids`
+and `logprobs=0`; the response's `token_ids` and `logprobs.token_logprobs` are the sampled
+ids and their processed logprobs. Connection failures and 502/503/504 are retried with
+exponential backoff; 4xx answers are not retried and become `EngineError` for that request.
+
+On connect, the engine checks that the server serves the configured model and uses
+`processed_logprobs`: from `/server_info` when the server runs with
+`VLLM_SERVER_DEV_MODE=1`, otherwise by a probe (the gap between two tokens' logprobs at
+temperature 0.5 must be twice the raw gap from prompt logprobs).
+
+Multi-token stop sequences: the completions API only knows single stop token ids and
+text stops, so the full completion comes back and is cut right after the first stop
+sequence on ids (the tokens up to the cut are identical to a native stop; only the
+compute after it is wasted).
+
+Weight updates: vLLM 0.32's `/update_weights` endpoint needs a weight-transfer backend
+(NCCL or CUDA IPC) and cannot take a plain state dict. This engine writes the state dict
+to `Config.weights_dir` (a folder the server sees at the same path) and calls the dev-mode
+endpoint `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path":
+DIR}}`, then `POST /reset_prefix_cache`. Start the server with `VLLM_SERVER_DEV_MODE=1`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tir_rl.engine._loop import LoopThread
+from tir_rl.engine.base import (
+    PROCESSED_LOGPROBS,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    ModelInfo,
+    check_truncated_sampling,
+    truncate_at_stop_sequence,
+)
+from tir_rl.engine.weights_io import write_state_dict
+from tir_rl.errors import ConfigError, EngineError
+
+if TYPE_CHECKING:
+    import httpx
+    import torch
+
+    from tir_rl.engine.vllm_local import VLLMLocalEngine
+
+logger = logging.getLogger(__name__)
+
+_RETRY_STATUS = (502, 503, 504)
+_PROBE_PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
+_PROBE_TEMPERATURE = 0.5
+
+
+class VLLMHttpEngine:
+    """Client of a vLLM OpenAI-compatible server (`vllm serve`)."""
+
+    @dataclass(frozen=True, kw_only=True)
+    class Config:
+        """Where the server is and what it must serve."""
+
+        base_url: str
+        """Server root, e.g. `http://127.0.0.1:8000` (no `/v1`)."""
+        model: str | None = None
+        """Served model name; None accepts the server's only model."""
+        dtype: str | None = None
+        """Expected compute dtype (e.g. `float32`); checked when the server exposes it."""
+        logprobs_mode: str = PROCESSED_LOGPROBS
+        """Logprobs mode the server must use."""
+        allow_other_logprobs_mode: bool = False
+        """Accept a server whose logprobs mode is not `processed_logprobs`."""
+        allow_truncated_sampling: bool = False
+        """Accept top-p / top-k requests (only with a correction configured for them)."""
+        timeout_s: float = 600.0
+        """Longest wait for one response (a long completion under load takes a while)."""
+        connect_timeout_s: float = 10.0
+        """Longest wait to open a connection."""
+        max_retries: int = 4
+        """Retries after a connection error or a 502/503/504 answer (not after 4xx)."""
+        backoff_s: float = 0.5
+        """First retry delay; doubles on every further retry."""
+        max_connections: int = 512
+        """Concurrent HTTP connections (one per request in flight)."""
+        api_key: str | None = None
+        """Bearer token if the server was started with `--api-key`."""
+        weights_dir: str | None = None
+        """Folder shared with the server (same path on both sides) for `update_weights`."""
+
+        def validate(self) -> None:
+            """Raise `ConfigError` for unusable values."""
+            if not self.base_url.startswith(("http://", "https://")):
+                raise ConfigError(f"engine.base_url must start with http(s)://: {self.base_url}")
+            if self.logprobs_mode != PROCESSED_LOGPROBS and not self.allow_other_logprobs_mode:
+                raise ConfigError(
+                    f"engine.logprobs_mode={self.logprobs_mode!r}: use 'processed_logprobs' "
+                    "or set allow_other_logprobs_mode=True"
+                )
+            if self.max_retries < 0 or self.backoff_s < 0:
+                raise ConfigError("engine.max_retries and engine.backoff_s must be >= 0")
+
+    def __init__(self, config: Config) -> None:
+        config.validate()
+        self.config = config
+        self._closed = False
+        self._loop = LoopThread("tir-rl-vllm-http")
+        try:
+            self._client = self._loop.run_sync(_make_client(config))
+            self._info = self._loop.run_sync(self._connect())
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def model_info(self) -> ModelInfo:
+        """The served model and the settings that matter for parity."""
+        return self._info
+
+    # -- connection and checks ---------------------------------------------------------------
+
+    async def _connect(self) -> ModelInfo:
+        c = self.config
+        models = (await self._request("GET", "/v1/models")).json()["data"]
+        names = [m["id"] for m in models]
+        if c.model is None and len(models) != 1:
+            raise EngineError(f"{c.base_url} serves {names}: set engine.model to one of them")
+        chosen = next((m for m in models if c.model in (None, m["id"])), None)
+        if chosen is None:
+            raise EngineError(
+                f"{c.base_url} serves {names}, not the configured model {c.model!r}: start the "
+                "server with --served-model-name, or fix engine.model"
+            )
+        self._model = chosen["id"]
+        server = await self._server_config()
+        if server is not None:
+            mode = server["model_config"].get("logprobs_mode")
+            dtype = str(server["model_config"].get("dtype", "unknown")).removeprefix("torch.")
+            caching = server.get("cache_config", {}).get("enable_prefix_caching")
+        else:
+            mode = await self._probe_logprobs_mode()
+            dtype, caching = "unknown", None
+        if mode != c.logprobs_mode and not c.allow_other_logprobs_mode:
+            raise EngineError(
+                f"{c.base_url} returns {mode!r} logprobs, the config expects {c.logprobs_mode!r}: "
+                f"restart the server with --logprobs-mode {c.logprobs_mode}"
+            )
+        if c.dtype is not None and dtype not in ("unknown", c.dtype):
+            raise EngineError(
+                f"{c.base_url} computes in {dtype}, the config expects {c.dtype}: restart the "
+                f"server with --dtype {c.dtype}, or fix engine.dtype"
+            )
+        return ModelInfo(
+            model_path=chosen.get("root") or self._model,
+            dtype=dtype,
+            max_model_len=int(chosen.get("max_model_len") or 0),
+            logprobs_mode=mode,
+            enable_prefix_caching=caching,
+        )
+
+    async def _server_config(self) -> dict[str, Any] | None:
+        """The server's vLLM config from the dev-mode `/server_info`, or None without it."""
+        response = await self._request(
+            "GET", "/server_info", params={"config_format": "json"}, ok_statuses=(404,)
+        )
+        if response.status_code == 404:
+            return None
+        return response.json()["vllm_config"]
+
+    async def _probe_logprobs_mode(self) -> str:
+        """Tell processed from raw logprobs without the server's config.
+
+        Processed logprobs are `log_softmax(logits / T)`, so the gap between two tokens'
+        logprobs at temperature T is the raw gap (prompt logprobs) divided by T.
+        """
+        sampled = await self._completion(
+            _PROBE_PROMPT, max_tokens=1, temperature=_PROBE_TEMPERATURE, seed=0, logprobs=5
+        )
+        token = sampled["token_ids"][0]
+        top_processed = {
+            int(k.removeprefix("token_id:")): v
+            for k, v in sampled["logprobs"]["top_logprobs"][0].items()
+        }
+        scored = await self._completion(
+            [*_PROBE_PROMPT, token], max_tokens=1, temperature=1.0, seed=0, prompt_logprobs=5
+        )
+        top_raw = {int(k): v["logprob"] for k, v in scored["prompt_logprobs"][-1].items()}
+        common = sorted(set(top_processed) & set(top_raw), key=top_raw.__getitem__)
+        if len(common) < 2 or top_raw[common[-1]] - top_raw[common[0]] < 1e-3:
+            raise EngineError(f"{self.config.base_url}: logprobs-mode probe was inconclusive")
+        lo, hi = common[0], common[-1]
+        ratio = (top_processed[hi] - top_processed[lo]) / (top_raw[hi] - top_raw[lo])
+        normalized = sum(math.exp(v) for v in top_processed.values()) <= 1 + 1e-4
+        if abs(ratio - 1 / _PROBE_TEMPERATURE) < 0.05 and normalized:
+            return PROCESSED_LOGPROBS
+        if abs(ratio - 1) < 0.05:
+            return "raw_logprobs" if normalized else "raw_logits"
+        return "processed_logits" if abs(ratio - 1 / _PROBE_TEMPERATURE) < 0.05 else "unknown"
+
+    # -- generation ---------------------------------------------------------------------------
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Sample a continuation of `request.prompt_token_ids` on the server.
+
+        Raises:
+            ConfigError: the request is invalid or uses refused sampling settings.
+            EngineError: the server rejected or failed this request, or is unreachable.
+        """
+        request.validate()
+        check_truncated_sampling(request, allowed=self.config.allow_truncated_sampling)
+        self._check_open()
+        return await self._loop.run(self._generate(request))
+
+    async def _generate(self, request: GenerateRequest) -> GenerateResult:
+        choice = await self._completion(
+            request.prompt_token_ids,
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_k=request.top_k or 0,
+            seed=request.seed,
+            stop_token_ids=list(request.stop_token_ids),
+            logprobs=0,
+        )
+        token_ids = list(choice["token_ids"])
+        logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
+        token_ids, logprobs, stop = truncate_at_stop_sequence(
+            token_ids, logprobs, request.stop_token_sequences
+        )
+        if stop is not None:
+            finish = FinishReason.STOP
+        else:
+            finish = _finish_reason(choice.get("finish_reason"))
+            if finish == FinishReason.STOP and token_ids:
+                stop = (token_ids[-1],)
+        return GenerateResult(
+            token_ids=token_ids,
+            logprobs=logprobs,
+            finish_reason=finish,
+            stop_sequence=stop,
+            num_prompt_tokens=len(request.prompt_token_ids),
+        )
+
+    async def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
+        """Logprob of each of `token_ids[1:]` given its prefix, at temperature 1 (raw)."""
+        if len(token_ids) < 2:
+            raise ConfigError("prompt_logprobs needs at least 2 tokens")
+        self._check_open()
+        return await self._loop.run(self._prompt_logprobs(list(token_ids)))
+
+    async def _prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        choice = await self._completion(
+            token_ids, max_tokens=1, temperature=1.0, seed=0, prompt_logprobs=0
+        )
+        entries = choice["prompt_logprobs"][1:]
+        return [
+            float(entry[str(tok)]["logprob"])
+            for entry, tok in zip(entries, token_ids[1:], strict=True)
+        ]
+
+    async def _completion(self, prompt: Sequence[int], **params: Any) -> dict[str, Any]:
+        body = {
+            "model": self._model,
+            "prompt": list(prompt),
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+            "skip_special_tokens": False,
+            **params,
+        }
+        response = await self._request("POST", "/v1/completions", json=body)
+        return response.json()["choices"][0]
+
+    # -- weights ------------------------------------------------------------------------------
+
+    async def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Write `state_dict` to the shared `weights_dir` and make the server reload it.
+
+        Raises:
+            ConfigError: no `weights_dir` configured.
+            EngineError: the server lacks the dev-mode endpoints or the reload failed.
+        """
+        self._check_open()
+        if self.config.weights_dir is None:
+            raise ConfigError(
+                "VLLMHttpEngine.update_weights needs engine.weights_dir: a folder the server "
+                "reads at the same path (local disk, /dev/shm or a shared file system)"
+            )
+        folder = Path(self.config.weights_dir)
+        await asyncio.to_thread(write_state_dict, state_dict, folder)
+        await self._loop.run(self._reload(str(folder.resolve())))
+
+    async def _reload(self, folder: str) -> None:
+        body = {"method": "reload_weights", "kwargs": {"weights_path": folder}}
+        response = await self._request("POST", "/collective_rpc", json=body, ok_statuses=(404,))
+        if response.status_code == 404:
+            raise EngineError(
+                f"{self.config.base_url} has no /collective_rpc endpoint: start the server with "
+                "VLLM_SERVER_DEV_MODE=1 to allow weight updates over HTTP"
+            )
+        await self._request("POST", "/reset_prefix_cache")
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    async def _request(
+        self, method: str, path: str, *, ok_statuses: tuple[int, ...] = (), **kwargs: Any
+    ) -> httpx.Response:
+        """Send with retries on connection errors and 502/503/504; raise on other errors."""
+        import httpx
+
+        c = self.config
+        url = f"{c.base_url.rstrip('/')}{path}"
+        for attempt in range(c.max_retries + 1):
+            last = attempt == c.max_retries
+            try:
+                response = await self._client.request(method, url, **kwargs)
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as exc:
+                if last:
+                    raise EngineError(
+                        f"{method} {url}: server unreachable after {attempt + 1} attempts "
+                        f"({type(exc).__name__}: {exc}); is `vllm serve` running there?"
+                    ) from exc
+            except httpx.TimeoutException as exc:
+                raise EngineError(
+                    f"{method} {url}: no answer within {c.timeout_s} s; raise engine.timeout_s "
+                    "or lower the load"
+                ) from exc
+            except httpx.HTTPError as exc:
+                raise EngineError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+            else:
+                if response.is_success or response.status_code in ok_statuses:
+                    return response
+                if response.status_code not in _RETRY_STATUS or last:
+                    raise EngineError(
+                        f"{method} {url}: HTTP {response.status_code}: {_error_text(response)}"
+                    )
+            await asyncio.sleep(c.backoff_s * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineError("the engine is closed; build a new VLLMHttpEngine")
+
+    def close(self) -> None:
+        """Close the HTTP client (the server keeps running; idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        client = getattr(self, "_client", None)
+        if client is not None:
+            with contextlib.suppress(Exception):
+                self._loop.run_sync(client.aclose(), timeout_s=10)
+        self._loop.stop()
+
+    def __enter__(self) -> VLLMHttpEngine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+async def _make_client(config: VLLMHttpEngine.Config) -> httpx.AsyncClient:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s),
+        limits=httpx.Limits(
+            max_connections=config.max_connections,
+            max_keepalive_connections=config.max_connections,
+        ),
+        headers=headers,
+    )
+
+
+def _error_text(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500]
+    error = body.get("error", body) if isinstance(body, dict) else body
+    if isinstance(error, dict):
+        return str(error.get("message", error))[:500]
+    return str(error)[:500]
+
+
+def _finish_reason(reason: object) -> FinishReason:
+    try:
+        return FinishReason(str(reason))
+    except ValueError:
+        return FinishReason.ERROR
+
+
+def serve_command(
+    config: VLLMLocalEngine.Config,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    served_model_name: str | None = None,
+    python: str = "python",
+) -> list[str]:
+    """The `vllm serve` command line equivalent to a local engine config.
+
+    Run it with `VLLM_SERVER_DEV_MODE=1` in the environment so that `update_weights` and
+    the server-config check work.
+    """
+    from tir_rl.models import resolve_model
+
+    config.validate()
+    cmd = [
+        python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(resolve_model(config.model_path)),
+        "--dtype", config.dtype,
+        "--max-model-len", str(config.max_model_len),
+        "--seed", str(config.seed),
+        "--logprobs-mode", config.logprobs_mode,
+        "--max-num-seqs", str(config.max_num_seqs),
+        "--gpu-memory-utilization", str(config.gpu_memory_utilization),
+        "--host", host,
+        "--port", str(port),
+    ]  # fmt: skip
+    cmd.append(
+        "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching"
+    )
+    cmd.append("--async-scheduling" if config.async_scheduling else "--no-async-scheduling")
+    if config.enforce_eager:
+        cmd.append("--enforce-eager")
+    if config.kv_cache_gib is not None:
+        cmd += ["--kv-cache-memory-bytes", str(int(config.kv_cache_gib * (1 << 30)))]
+    if served_model_name is not None:
+        cmd += ["--served-model-name", served_model_name]
+    return cmd
