@@ -1,0 +1,361 @@
+"""Trajectory viewer: episodes as one static, self-contained HTML page.
+
+Each episode shows its status, reward and turns; each turn its model tokens, the chat-format
+and tool-response tokens that follow (greyed), the tool calls the model made and the results
+it saw. Every model token (loss mask 1) is a span coloured by δ = trainer − sampler logprob on
+a diverging scale (blue: the trainer finds the token less likely than the sampler did; red:
+more likely), with a tooltip giving the token text, both logprobs and δ. Without trainer
+logprobs tokens are coloured by sampler surprisal −log p instead, and the legend says so.
+
+Token text is decoded one id at a time (`tokenizer.decode([id])`), so what is shown is what
+the model saw, token boundaries included. Everything is HTML-escaped; the page loads nothing.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from tir_rl.types import Message, Role, Trajectory
+
+SURPRISAL_SCALE = 6.0
+"""−log p (nats) drawn at full colour in surprisal mode."""
+MIN_DELTA_SCALE = 1e-3
+"""Lower bound of the automatic |δ| scale, so a perfect-parity page is not all saturated."""
+
+
+class Decoder(Protocol):
+    """The tokenizer method the viewer needs."""
+
+    def decode(self, token_ids: list[int]) -> str:  # noqa: D102 (protocol)
+        ...
+
+
+def delta_color(delta: float, scale: float) -> tuple[int, int, int]:
+    """Diverging colour of δ: blue (−scale) → white (0) → red (+scale), clamped outside."""
+    if not math.isfinite(delta):
+        return (190, 190, 190)
+    x = max(-1.0, min(1.0, delta / scale))
+    fade = round(255 * (1 - abs(x)))
+    if x >= 0:
+        return (255, fade, fade)
+    return (fade, fade, 255)
+
+
+def surprisal_color(logprob: float, scale: float = SURPRISAL_SCALE) -> tuple[int, int, int]:
+    """Sequential colour of −logprob: white (certain) → orange-red (surprising)."""
+    if not math.isfinite(logprob):
+        return (190, 190, 190)
+    x = max(0.0, min(1.0, -logprob / scale))
+    return (255, round(255 - 140 * x), round(255 - 215 * x))
+
+
+@dataclass(frozen=True)
+class _Coloring:
+    trainer: bool
+    """Colour by δ (else by sampler surprisal)."""
+    scale: float
+
+
+def render_html(
+    trajectories: Sequence[Trajectory],
+    tokenizer: Decoder,
+    *,
+    trainer_logprobs: Sequence[Sequence[float] | None] | None = None,
+    title: str = "tir-rl trajectories",
+    labels: Sequence[str] | None = None,
+    delta_scale: float | None = None,
+) -> str:
+    """Render episodes as a self-contained HTML page.
+
+    Args:
+        trajectories: Episodes to show, in order.
+        tokenizer: Anything with `decode(list[int]) -> str`.
+        trainer_logprobs: Per trajectory, trainer logprobs aligned with `completion_ids`
+            (None for all, or per trajectory: colour that one by sampler surprisal).
+        title: Page title.
+        labels: Optional caption per episode (e.g. "step 10").
+        delta_scale: |δ| drawn at full colour (default: the largest |δ| on the page,
+            at least `MIN_DELTA_SCALE`).
+
+    Returns:
+        The HTML document.
+    """
+    if trainer_logprobs is not None and len(trainer_logprobs) != len(trajectories):
+        raise ValueError(
+            f"got {len(trainer_logprobs)} trainer logprob lists for {len(trajectories)} "
+            "trajectories"
+        )
+    if labels is not None and len(labels) != len(trajectories):
+        raise ValueError(f"got {len(labels)} labels for {len(trajectories)} trajectories")
+    num = len(trajectories)
+    trainer = list(trainer_logprobs) if trainer_logprobs is not None else [None] * num
+    for t, lp in zip(trajectories, trainer, strict=True):
+        if lp is not None and len(lp) != len(t.completion_ids):
+            raise ValueError(
+                f"trainer logprobs have {len(lp)} entries for {len(t.completion_ids)} tokens"
+            )
+    max_abs = max(
+        (abs(d) for t, lp in zip(trajectories, trainer, strict=True) for d in _deltas(t, lp)),
+        default=0.0,
+    )
+    scale = delta_scale if delta_scale is not None else max(max_abs, MIN_DELTA_SCALE)
+    any_trainer = any(lp is not None for lp in trainer)
+    decode = _TokenCache(tokenizer)
+    body = [
+        f"<h1>{_e(title)}</h1>",
+        _legend(any_trainer, scale, all(lp is not None for lp in trainer)),
+    ]
+    for i, (t, lp) in enumerate(zip(trajectories, trainer, strict=True)):
+        coloring = _Coloring(lp is not None, scale if lp is not None else SURPRISAL_SCALE)
+        label = labels[i] if labels is not None else ""
+        body.append(_episode(i, t, lp, coloring, decode, label))
+    return _PAGE.format(title=_e(title), css=_CSS, body="\n".join(body))
+
+
+def render_saved(path: Path | str, tokenizer: Decoder, *, title: str | None = None) -> str:
+    """Render a trajectories JSONL written by `tir_rl.metrics.save_trajectories`."""
+    from tir_rl.metrics import load_trajectories
+
+    saved = load_trajectories(path)
+    return render_html(
+        [s.trajectory for s in saved],
+        tokenizer,
+        trainer_logprobs=[s.trainer_logprobs for s in saved],
+        title=title or f"tir-rl trajectories: {Path(path).name}",
+        labels=[f"step {s.step}" for s in saved],
+    )
+
+
+def _deltas(t: Trajectory, trainer: Sequence[float] | None) -> list[float]:
+    if trainer is None:
+        return []
+    return [
+        tr - s
+        for tr, s, m in zip(trainer, t.sampler_logprobs, t.loss_mask, strict=True)
+        if m and math.isfinite(tr - s)
+    ]
+
+
+class _TokenCache:
+    def __init__(self, tokenizer: Decoder) -> None:
+        self.tokenizer = tokenizer
+        self.cache: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        text = self.cache.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id])
+            self.cache[token_id] = text
+        return text
+
+
+def _episode(
+    index: int,
+    t: Trajectory,
+    trainer: Sequence[float] | None,
+    coloring: _Coloring,
+    decode: _TokenCache,
+    label: str,
+) -> str:
+    prompt_messages, turn_messages = _split_messages(t.messages)
+    deltas = _deltas(t, trainer)
+    turns = _turn_blocks(t)
+    facts = [
+        f"reward {t.reward:.3f}",
+        f"{len(turns)} turns",
+        f"{t.num_tool_calls} tool calls ({t.num_tool_errors} errors)",
+        f"{t.num_model_tokens} model tokens",
+        f"group {t.group_id}",
+    ]
+    if deltas:
+        facts.append(f"mean δ {sum(deltas) / len(deltas):+.4f}")
+        facts.append(f"max |δ| {max(abs(d) for d in deltas):.4f}")
+    status_class = "bad" if t.status.is_error else ("ok" if t.status == "finished" else "warn")
+    parts = [
+        f'<section class="episode" id="episode-{index}">',
+        f"<h2>Episode {index}{' · ' + _e(label) if label else ''} "
+        f'<span class="status {status_class}">{_e(str(t.status))}</span></h2>',
+        f'<p class="facts">{_e(" · ".join(facts))}</p>',
+    ]
+    if t.error:
+        parts.append(f'<p class="error">{_e(t.error)}</p>')
+    prompt_tokens = "".join(_plain(decode(i)) for i in t.prompt_ids)
+    parts.append(
+        f"<details><summary>prompt: {len(prompt_messages)} messages, "
+        f"{len(t.prompt_ids)} tokens</summary>"
+        + "".join(_message(m) for m in prompt_messages)
+        + f'<pre class="tokens">{prompt_tokens}</pre></details>'
+    )
+    for k, (turn_id, positions) in enumerate(turns):
+        messages = turn_messages[k] if k < len(turn_messages) else []
+        parts.append(_turn(t, trainer, coloring, decode, turn_id, positions, messages))
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def _turn_blocks(t: Trajectory) -> list[tuple[int, list[int]]]:
+    """Contiguous runs of completion positions with the same turn id."""
+    blocks: list[tuple[int, list[int]]] = []
+    for pos, turn_id in enumerate(t.turn_ids):
+        if blocks and blocks[-1][0] == turn_id:
+            blocks[-1][1].append(pos)
+        else:
+            blocks.append((turn_id, [pos]))
+    return blocks
+
+
+def _split_messages(messages: Sequence[Message]) -> tuple[list[Message], list[list[Message]]]:
+    """Messages before the first assistant turn, then [assistant k, its tool results...]."""
+    prompt: list[Message] = []
+    turns: list[list[Message]] = []
+    for m in messages:
+        if m.role == Role.ASSISTANT:
+            turns.append([m])
+        elif turns:
+            turns[-1].append(m)
+        else:
+            prompt.append(m)
+    return prompt, turns
+
+
+def _turn(
+    t: Trajectory,
+    trainer: Sequence[float] | None,
+    coloring: _Coloring,
+    decode: _TokenCache,
+    turn_id: int,
+    positions: list[int],
+    messages: list[Message],
+) -> str:
+    spans = []
+    for pos in positions:
+        text = decode(t.completion_ids[pos])
+        if t.loss_mask[pos]:
+            lp = trainer[pos] if trainer is not None else None
+            spans.append(_model_token(text, t.sampler_logprobs[pos], lp, coloring))
+        else:
+            spans.append(_plain(text))
+    num_model = sum(t.loss_mask[p] for p in positions)
+    head = f"turn {turn_id} · assistant · {num_model} model tokens"
+    calls = []
+    for m in messages:
+        if m.role == Role.ASSISTANT:
+            for call in m.tool_calls:
+                args = json.dumps(call.arguments, ensure_ascii=False)
+                calls.append(
+                    f'<div class="call"><b>tool call</b> {_e(call.name)}'
+                    f"<code>{_e(args)}</code></div>"
+                )
+        else:
+            calls.append(_message(m))
+    return (
+        f'<div class="turn"><div class="turn-head">{_e(head)}</div>'
+        f'<pre class="tokens">{"".join(spans)}</pre>{"".join(calls)}</div>'
+    )
+
+
+def _message(m: Message) -> str:
+    name = f" ({m.name})" if m.name else ""
+    role = "tool result" if m.role == Role.TOOL else str(m.role)
+    return (
+        f'<div class="msg role-{_e(str(m.role))}"><b>{_e(role + name)}</b>'
+        f"<pre>{_e(m.content)}</pre></div>"
+    )
+
+
+def _model_token(text: str, sampler: float, trainer: float | None, coloring: _Coloring) -> str:
+    if coloring.trainer and trainer is not None:
+        delta = trainer - sampler
+        rgb = delta_color(delta, coloring.scale)
+        tip = (
+            f"token {text!r}\nsampler logprob {sampler:.4f}\ntrainer logprob {trainer:.4f}"
+            f"\nδ {delta:+.4f}"
+        )
+        data = (
+            f' data-sampler="{sampler:.6g}" data-trainer="{trainer:.6g}" data-delta="{delta:.6g}"'
+        )
+    else:
+        rgb = surprisal_color(sampler, coloring.scale)
+        tip = f"token {text!r}\nsampler logprob {sampler:.4f}\n(no trainer logprobs)"
+        data = f' data-sampler="{sampler:.6g}"'
+    style = f"background:rgb({rgb[0]},{rgb[1]},{rgb[2]})"
+    return f'<span class="tok" style="{style}" title="{_e(tip)}"{data}>{_e(text)}</span>'
+
+
+def _plain(text: str) -> str:
+    return f'<span class="ctx">{_e(text)}</span>'
+
+
+def _legend(any_trainer: bool, scale: float, all_trainer: bool) -> str:
+    if any_trainer:
+        stops = [delta_color(x * scale, scale) for x in (-1, -0.5, 0, 0.5, 1)]
+        gradient = ", ".join(f"rgb({r},{g},{b})" for r, g, b in stops)
+        text = (
+            f"Model tokens coloured by δ = trainer − sampler logprob: blue δ ≤ −{scale:.3g} "
+            f"(trainer finds the token less likely), white δ = 0, red δ ≥ +{scale:.3g}."
+        )
+        if not all_trainer:
+            text += " Episodes without trainer logprobs are coloured by sampler surprisal."
+    else:
+        stops = [surprisal_color(-x * SURPRISAL_SCALE) for x in (0, 0.5, 1)]
+        gradient = ", ".join(f"rgb({r},{g},{b})" for r, g, b in stops)
+        text = (
+            "No trainer logprobs: model tokens coloured by sampler surprisal −log p "
+            f"(white 0, orange ≥ {SURPRISAL_SCALE:g} nats)."
+        )
+    return (
+        f'<div class="legend"><span class="bar" style="background:linear-gradient(to right, '
+        f'{gradient})"></span> {_e(text)} Grey text: prompt, chat-format and tool tokens '
+        "(not trained on). Hover a token for its logprobs.</div>"
+    )
+
+
+def _e(text: str) -> str:
+    return html.escape(text, quote=True)
+
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 16px; color: #222; background: #fafafa; }
+h1 { font-size: 20px; margin: 0 0 8px; }
+h2 { font-size: 16px; margin: 0 0 4px; }
+.legend { font-size: 13px; margin-bottom: 12px; }
+.legend .bar { display: inline-block; width: 120px; height: 12px; border: 1px solid #999;
+  vertical-align: middle; }
+.episode { background: #fff; border: 1px solid #ccc; border-radius: 6px; padding: 10px 12px;
+  margin-bottom: 14px; }
+.facts { font-size: 13px; color: #555; margin: 0 0 6px; }
+.status { font-size: 12px; padding: 1px 6px; border-radius: 8px; color: #fff; }
+.status.ok { background: #2e7d32; } .status.warn { background: #ef6c00; }
+.status.bad { background: #c62828; }
+.error { color: #c62828; font-size: 13px; }
+details { font-size: 13px; margin-bottom: 6px; }
+.turn { border-left: 3px solid #90a4ae; padding-left: 8px; margin: 6px 0; }
+.turn-head { font-size: 12px; color: #455a64; font-weight: 600; }
+pre { white-space: pre-wrap; word-break: break-word; margin: 2px 0;
+  font-family: ui-monospace, monospace; font-size: 13px; line-height: 1.5; }
+.tok { border-radius: 2px; }
+.ctx { color: #9e9e9e; }
+.call, .msg { font-size: 13px; margin: 2px 0; }
+.call code { margin-left: 6px; background: #eceff1; padding: 0 4px; }
+.msg pre { background: #f5f5f5; padding: 4px; }
+.role-tool b { color: #6a1b9a; }
+"""
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{title}</title>
+<style>{css}</style>
+</head>
+<body>
+{body}
+</body>
+</html>
+"""
