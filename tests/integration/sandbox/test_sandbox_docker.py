@@ -10,6 +10,8 @@ from tir_rl.sandbox.docker import LABEL_OWNER, LABEL_RUN, LABEL_SANDBOX, DockerB
 from tir_rl.sandbox.hostile import CASES, HostContext, canary, run_case
 from tir_rl.sandbox.image import ImageBuilder
 from tir_rl.sandbox.pool import EpisodeSandbox
+from tir_rl.tools import ToolRegistry, tool
+from tir_rl.tools.python import python, use_sandbox
 
 pytestmark = pytest.mark.docker
 
@@ -105,3 +107,35 @@ def test_killed_container_is_replaced_without_blocking_other_episodes(docker_poo
         r = bystander.run("x + 1", timeout_s=5)
         assert r.result == "2" and r.duration_s < 1.0
     canary(docker_ctx)
+
+
+@tool(sandbox=True, timeout_s=5)
+def mean_and_max(xs: list[float]) -> dict:
+    """Mean and maximum of numbers.
+
+    Args:
+        xs: the numbers
+    """
+    import statistics
+
+    return {"mean": statistics.mean(xs), "max": max(xs)}
+
+
+def test_sandbox_tool_runs_through_the_registry(docker_pool):
+    registry = ToolRegistry([mean_and_max])
+    with EpisodeSandbox(docker_pool) as sb:
+        ok = registry.call("mean_and_max", {"xs": [1, 2, 3.5]}, sandbox=sb)
+        bad = registry.call("mean_and_max", {"xs": []}, sandbox=sb)
+    assert ok.error is None and ok.value == {"mean": 2.1666666666666665, "max": 3.5}
+    assert bad.error is not None and "StatisticsError" in bad.content
+
+
+def test_python_tool_in_a_docker_episode(docker_pool):
+    registry = ToolRegistry([python])
+    with EpisodeSandbox(docker_pool) as sb, use_sandbox(sb):
+        registry.call("python", {"code": "import sympy\nx = sympy.Symbol('x')"})
+        r = registry.call("python", {"code": "sympy.solve(x**2 - 4, x)"})
+        err = registry.call("python", {"code": "def f():\n    return 1 / 0\nf()"})
+    assert r.content == "[-2, 2]"
+    assert err.content.startswith("Traceback") and "ZeroDivisionError" in err.content
+    assert 'File "<cell-3>", line 2, in f' in err.content
