@@ -22,6 +22,67 @@ _EPILOG_MODELS = """examples:
 """
 
 
+_EPILOG_TRAIN = """examples:
+  tir-rl train --config configs/quickstart.yaml
+  tir-rl train --config configs/quickstart.yaml --set run.steps=20 --set trainer.lr=2e-6
+  tir-rl train --resume runs/quickstart            # continue from the newest checkpoint
+outputs (runs/NAME/): config.yaml, metrics.jsonl, tensorboard/, trajectories.jsonl,
+  plots/*.png, eval_step_N.json, checkpoints/step_N/ (HF model + optimizer + RNG + step)
+"""
+
+_EPILOG_EVAL = """examples:
+  tir-rl eval --checkpoint bundled --env tir_rl/MathPython-v0 --split test --k 1
+  tir-rl eval --checkpoint runs/quickstart --k 4 --samples 8 --tasks 64
+"""
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from tir_rl.config import load
+    from tir_rl.run_config import RunConfig
+    from tir_rl.train import load_resume_config, run_train
+
+    if args.resume:
+        config = load_resume_config(args.resume, args.set)
+    elif args.config:
+        config = load(RunConfig, args.config, args.set)
+    else:
+        raise TirError("give --config FILE (e.g. configs/quickstart.yaml) or --resume RUN_DIR")
+    summary = run_train(config, resume=bool(args.resume))
+    before, after = summary.accuracy_before, summary.accuracy_after
+    print(f"run folder: {summary.run_dir}")
+    print(f"steps done: {summary.steps_done} in {summary.wall_time_s:.0f} s"
+          + (" (interrupted)" if summary.interrupted else "")
+          + (" (stopped by the collapse guard)" if summary.stopped_by_guard else ""))
+    if before is not None:
+        print(f"held-out pass@1 before: {before:.3f}")
+    if after is not None:
+        print(f"held-out pass@1 after:  {after:.3f}")
+    return 130 if summary.interrupted else 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tir_rl.config import load
+    from tir_rl.evaluate import format_table, resolve_checkpoint, run_eval
+    from tir_rl.run_config import RunConfig
+
+    model = resolve_checkpoint(args.checkpoint)
+    overrides = [f"model={model}", f"env.eval_split={args.split}", *args.set]
+    if args.env:
+        overrides.append(f"env.id={args.env}")
+    config = load(RunConfig, args.config, overrides)
+    out = Path(args.out) if args.out else Path(model if Path(model).is_dir() else ".") / (
+        "eval_report.json"
+    )
+    outcome = run_eval(
+        config, num_tasks=args.tasks, k=args.k, samples_per_task=args.samples, report_path=out
+    )
+    print(format_table(outcome.report))
+    print(f"report: {outcome.report_path}")
+    return 0
+
+
 def _cmd_models(args: argparse.Namespace) -> int:
     from tir_rl import models
 
@@ -83,18 +144,33 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("train", help="run GRPO training from a YAML config")
-    p.add_argument("--config", required=True, help="YAML run config, e.g. configs/quickstart.yaml")
+    p = sub.add_parser(
+        "train",
+        help="run GRPO training from a YAML config",
+        epilog=_EPILOG_TRAIN,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", help="YAML run config, e.g. configs/quickstart.yaml")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
-    p.set_defaults(func=_not_yet("train", 6))
+    p.set_defaults(func=_cmd_train)
 
-    p = sub.add_parser("eval", help="evaluate a checkpoint on held-out tasks (pass@k)")
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--env", required=True)
+    p = sub.add_parser(
+        "eval",
+        help="evaluate a checkpoint on held-out tasks (pass@k)",
+        epilog=_EPILOG_EVAL,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--checkpoint", default="bundled", help="bundled, a run or checkpoint folder")
+    p.add_argument("--env", help="gymnasium id, e.g. tir_rl/MathPython-v0 (default: config's)")
     p.add_argument("--split", default="test")
-    p.add_argument("--k", type=int, default=1)
-    p.set_defaults(func=_not_yet("eval", 6))
+    p.add_argument("--k", type=int, default=1, help="pass@k")
+    p.add_argument("--samples", type=int, help="samples per task (default: k)")
+    p.add_argument("--tasks", type=int, default=32, help="number of held-out tasks")
+    p.add_argument("--config", help="YAML config for engine/rollout/sandbox settings")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
+    p.add_argument("--out", help="JSON report path (default: eval_report.json beside the model)")
+    p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("rollout", help="run episodes and print/save trajectories, no training")
     p.add_argument("--config", required=True)

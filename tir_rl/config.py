@@ -34,6 +34,11 @@ def from_dict(cls: type[C], data: Mapping[str, Any], *, where: str = "") -> C:
         path = f"{where}.{key}" if where else str(key)
         if key not in fields:
             raise ConfigError(_unknown_key_message(path, key, fields))
+        default = _default_of(fields[key])
+        if isinstance(value, Mapping) and dataclasses.is_dataclass(default):
+            # A section given in part keeps the defaults of its other keys, including
+            # defaults the field's own class does not have (e.g. a required model path).
+            value = merge(to_dict(default), value)
         kwargs[key] = _convert(hints[key], value, path)
     try:
         config = cls(**kwargs)
@@ -105,6 +110,14 @@ def load(cls: type[C], path: str | Path | None = None, overrides: Sequence[str] 
 def dump(config: Any, path: str | Path) -> None:
     """Write the resolved config tree as YAML."""
     Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+
+
+def _default_of(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
 
 
 def _unknown_key_message(path: str, key: str, fields: Mapping[str, Any]) -> str:

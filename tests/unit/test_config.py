@@ -79,3 +79,17 @@ def test_validate_hook_runs():
 
     with pytest.raises(ConfigError, match="low must not exceed high"):
         config.from_dict(Checked, {"low": 2.0})
+
+
+def test_partial_section_keeps_the_defaults_of_the_field():
+    @dataclass(frozen=True, kw_only=True)
+    class Engine:
+        model_path: str
+        dtype: str = "float32"
+
+    @dataclass(kw_only=True)
+    class Top:
+        engine: Engine = field(default_factory=lambda: Engine(model_path="bundled", dtype="bf16"))
+
+    cfg = config.load(Top, None, ["engine.dtype=float16"])
+    assert cfg.engine == Engine(model_path="bundled", dtype="float16")

@@ -1,0 +1,123 @@
+"""The root config of `tir-rl train | eval | rollout | doctor`: one YAML file, one tree.
+
+Each section is the nested `Config` of the component it configures; the run-level values
+(model, steps, batch shape, output folder) live in `RunSection`. Load with
+`tir_rl.config.load(RunConfig, path, overrides)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tir_rl.collapse_guard import CollapseGuard
+from tir_rl.engine.vllm_local import VLLMLocalEngine
+from tir_rl.errors import ConfigError
+from tir_rl.grpo import GRPOLoss
+from tir_rl.mismatch import MismatchCorrection
+from tir_rl.rollout import Rollout
+from tir_rl.sandbox import SandboxConfig
+from tir_rl.trainer import Trainer
+
+
+@dataclass(kw_only=True)
+class RunSection:
+    """Run-level settings: size of the job and where its outputs go."""
+
+    name: str = "run"
+    """Run name; outputs go to `<out_dir>/<name>/`."""
+    out_dir: Path = Path("runs")
+    """Parent folder of run folders."""
+    steps: int = 10
+    """Number of RL steps (rollouts + one optimizer step each)."""
+    tasks_per_step: int = 4
+    """Tasks (GRPO groups) sampled per step."""
+    group_size: int = 4
+    """Samples per task; advantages are relative within a group."""
+    eval_every: int = 0
+    """Held-out evaluation every N steps (0: only before and after training)."""
+    eval_tasks: int = 16
+    """Number of held-out tasks per evaluation."""
+    eval_samples_per_task: int = 1
+    """Samples per held-out task (pass@k uses k <= this)."""
+    checkpoint_every: int = 0
+    """Save a checkpoint every N steps (0: only at the end and on interruption)."""
+    save_trajectories: int = 4
+    """Sample trajectories saved per step to `trajectories.jsonl`."""
+    plot_every: int = 1
+    """Regenerate PNG plots every N steps."""
+    parity_tolerance: float = 1e-3
+    """Largest sampler/trainer logprob gap allowed on the probe after each weight sync."""
+    seed: int = 0
+    """Seed of the task stream (train tasks of step s are a function of seed and s)."""
+
+    def validate(self) -> None:
+        """Check the batch shape and intervals."""
+        for name in ("steps", "tasks_per_step", "group_size", "eval_tasks"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"run.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("eval_every", "checkpoint_every", "plot_every", "save_trajectories"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"run.{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass(kw_only=True)
+class EnvSection:
+    """Which environment the run trains and evaluates on."""
+
+    id: str = "tir_rl/MathPython-v0"
+    """gymnasium id (`tir_rl/...` ids are registered by importing `tir_rl.envs`)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for `gymnasium.make` (e.g. `difficulty`, `horizon`)."""
+    train_split: str = "train"
+    eval_split: str = "test"
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """Everything one run needs."""
+
+    model: str = "bundled"
+    """`bundled`, `tiny`, or a local Hugging Face checkpoint; used by engine and trainer."""
+    run: RunSection = field(default_factory=RunSection)
+    env: EnvSection = field(default_factory=EnvSection)
+    engine: VLLMLocalEngine.Config = field(
+        default_factory=lambda: VLLMLocalEngine.Config(model_path="bundled")
+    )
+    rollout: Rollout.Config = field(default_factory=Rollout.Config)
+    trainer: Trainer.Config = field(default_factory=lambda: Trainer.Config(model="bundled"))
+    loss: GRPOLoss.Config = field(default_factory=GRPOLoss.Config)
+    correction: MismatchCorrection.Config = field(default_factory=MismatchCorrection.Config)
+    correction_preset: str | None = None
+    """A named correction recipe (see `MismatchCorrection.Config.preset`); fields set in
+    `correction` override the preset's."""
+    guard: CollapseGuard.Config = field(default_factory=CollapseGuard.Config)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+
+    def validate(self) -> None:
+        """Cross-section checks; also points engine and trainer at `model`."""
+        self.run.validate()
+        if self.trainer.temperature != self.rollout.temperature:
+            raise ConfigError(
+                f"trainer.temperature={self.trainer.temperature} differs from "
+                f"rollout.temperature={self.rollout.temperature}: the trainer must divide its "
+                "logits by the sampler's temperature. Set both to the same value."
+            )
+        if self.correction_preset is not None:
+            default = MismatchCorrection.Config()
+            changed = {
+                f.name: getattr(self.correction, f.name)
+                for f in dataclasses.fields(self.correction)
+                if getattr(self.correction, f.name) != getattr(default, f.name)
+            }
+            self.correction = MismatchCorrection.Config.preset(self.correction_preset, **changed)
+            self.correction_preset = None  # folded in: the saved config is explicit
+        self.engine = dataclasses.replace(self.engine, model_path=self.model)
+        self.trainer.model = self.model
+
+    @property
+    def run_dir(self) -> Path:
+        """This run's output folder."""
+        return Path(self.run.out_dir) / self.run.name

@@ -1,0 +1,122 @@
+"""Building the live parts of a run from its config: env factories, engine, rollout.
+
+`train`, `eval`, `rollout` and `doctor` all start the same way; this module is that start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tir_rl.errors import ConfigError
+from tir_rl.run_config import EnvSection, RunConfig
+from tir_rl.types import Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+def env_factory(section: EnvSection, split: str) -> Callable[[], Any]:
+    """A function that builds one fresh environment of `section` on `split`."""
+    import gymnasium
+
+    import tir_rl.envs  # noqa: F401 (registers the tir_rl/... ids)
+
+    if section.id not in gymnasium.registry:
+        import difflib
+
+        close = difflib.get_close_matches(section.id, list(gymnasium.registry), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"env.id {section.id!r} is not a registered gymnasium id.{hint}")
+    kwargs = dict(section.kwargs)
+
+    def make() -> Any:
+        return gymnasium.make(section.id, split=split, **kwargs).unwrapped
+
+    return make
+
+
+@dataclass
+class Runtime:
+    """The engine, tokenizer and agent loop of one run."""
+
+    config: RunConfig
+    model_path: Path
+    tokenizer: Any
+    engine: Any
+    rollout: Any
+
+    def run_episodes(self, specs: Sequence[Any]) -> list[Trajectory]:
+        """Play `specs` concurrently and return their trajectories in order."""
+        return asyncio.run(self.rollout.run_batch(list(specs)))
+
+    def close(self) -> None:
+        """Stop the engine and the sandbox pools."""
+        from tir_rl import sandbox
+
+        self.engine.close()
+        sandbox.shutdown()
+
+
+@contextlib.contextmanager
+def open_runtime(config: RunConfig) -> Iterator[Runtime]:
+    """Start the engine (vLLM) and the agent loop for `config`; closed on exit."""
+    from transformers import AutoTokenizer
+
+    from tir_rl import sandbox
+    from tir_rl.engine.vllm_local import VLLMLocalEngine
+    from tir_rl.models import resolve_model
+    from tir_rl.rollout import Rollout
+
+    model_path = resolve_model(config.model)
+    sandbox.configure(config.sandbox)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    engine = VLLMLocalEngine(config.engine)
+    try:
+        rollout = Rollout(engine, tokenizer, config.rollout)
+        runtime = Runtime(config, model_path, tokenizer, engine, rollout)
+        yield runtime
+    finally:
+        engine.close()
+        sandbox.shutdown()
+
+
+def task_specs(
+    factory: Callable[[], Any],
+    *,
+    num_tasks: int,
+    group_size: int,
+    first_group_id: int = 0,
+    seed_of: Callable[[int], int] | None = None,
+) -> list[Any]:
+    """Episode specs for `num_tasks` tasks with `group_size` samples each.
+
+    Args:
+        factory: builds the environment.
+        num_tasks: number of tasks (groups).
+        group_size: samples per task.
+        first_group_id: group id of the first task (keeps ids unique across a run).
+        seed_of: maps a task's index to its reset seed; None: task `i` is
+            `options={"task_index": i}` (a fixed, ordered held-out set).
+    """
+    from tir_rl.rollout import EpisodeSpec
+
+    specs = []
+    for i in range(num_tasks):
+        seed = seed_of(i) if seed_of is not None else None
+        options = None if seed_of is not None else {"task_index": i}
+        for j in range(group_size):
+            specs.append(
+                EpisodeSpec(
+                    env_factory=factory,
+                    task_seed=seed,
+                    options=options,
+                    group_id=first_group_id + i,
+                    sample_index=j,
+                )
+            )
+    return specs
