@@ -96,7 +96,10 @@ def wilson_interval(successes: int, trials: int, *, confidence: float = 0.95) ->
     denom = 1 + z * z / trials
     centre = (p + z * z / (2 * trials)) / denom
     half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denom
-    return Estimate(p, max(0.0, centre - half), min(1.0, centre + half), confidence)
+    # At p = 0 or 1 the bound equals p analytically; clamp so float noise cannot exclude it.
+    low = min(p, max(0.0, centre - half))
+    high = max(p, min(1.0, centre + half))
+    return Estimate(p, low, high, confidence)
 
 
 def _normal_quantile(q: float) -> float:

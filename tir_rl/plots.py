@@ -133,7 +133,13 @@ def _draw_reward(figure: Any, rows: Rows) -> bool:
         return False
     ax = figure.subplots()
     if train is not None:
-        ax.plot(train.steps, train.values, label=f"train ({train.key})", color="tab:blue")
+        ax.plot(
+            train.steps,
+            train.values,
+            marker=_marker(train),
+            label=f"train ({train.key})",
+            color="tab:blue",
+        )
     if heldout is not None:
         ax.plot(
             heldout.steps,
@@ -155,7 +161,7 @@ def _draw_grad_norm(figure: Any, rows: Rows) -> bool:
     if s is None:
         return False
     ax = figure.subplots()
-    ax.plot(s.steps, s.values, color="tab:green")
+    ax.plot(s.steps, s.values, marker=_marker(s), color="tab:green")
     if all(v > 0 for v in s.values if math.isfinite(v)):
         ax.set_yscale("log")
     ax.set_xlabel("step")
@@ -171,7 +177,7 @@ def _draw_mismatch(figure: Any, rows: Rows) -> bool:
         return False
     axes = figure.subplots(1, len(present), squeeze=False)[0]
     for ax, s in zip(axes, present, strict=True):
-        ax.plot(s.steps, s.values, color="tab:red")
+        ax.plot(s.steps, s.values, marker=_marker(s), color="tab:red")
         ax.set_title(s.key.removeprefix("mismatch/"))
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -241,6 +247,11 @@ def _bucket_drawer(pattern: re.Pattern[str], xlabel: str) -> Callable[[Any, Rows
         return True
 
     return draw
+
+
+def _marker(s: Series) -> str | None:
+    """Dots when there are few points (a single step would otherwise draw nothing)."""
+    return "." if len(s.steps) < 30 else None
 
 
 def _extent(steps: list[int], num_buckets: int) -> tuple[float, float, float, float]:

@@ -8,7 +8,9 @@ more likely), with a tooltip giving the token text, both logprobs and δ. Withou
 logprobs tokens are coloured by sampler surprisal −log p instead, and the legend says so.
 
 Token text is decoded one id at a time (`tokenizer.decode([id])`), so what is shown is what
-the model saw, token boundaries included. Everything is HTML-escaped; the page loads nothing.
+the model saw, token boundaries included; only a character that byte-level BPE split over
+several tokens is shown whole on the token that completes it. Everything is HTML-escaped;
+the page loads nothing.
 """
 
 from __future__ import annotations
@@ -154,6 +156,36 @@ class _TokenCache:
             self.cache[token_id] = text
         return text
 
+    def texts(self, token_ids: Sequence[int]) -> list[str]:
+        """Per-token text; a character split over tokens goes to the token completing it.
+
+        Byte-level BPE splits a multi-byte character (ö, ✓, 日) over up to 4 tokens, each of
+        which decodes alone to U+FFFD. Such runs are decoded together: the last token gets the
+        whole text and the earlier ones get "" (shown as thin hoverable spans).
+        """
+        texts: list[str] = []
+        pending: list[int] = []
+        for token_id in token_ids:
+            text = self(token_id)
+            if not pending and _REPLACEMENT not in text:
+                texts.append(text)
+                continue
+            pending.append(token_id)
+            joined = self.tokenizer.decode(pending)
+            if _REPLACEMENT in joined and len(pending) < _MAX_CHAR_TOKENS:
+                continue
+            if _REPLACEMENT in joined:  # not a split character after all: show tokens as is
+                texts.extend(self(i) for i in pending)
+            else:
+                texts.extend([""] * (len(pending) - 1) + [joined])
+            pending = []
+        texts.extend(self(i) for i in pending)
+        return texts
+
+
+_REPLACEMENT = "\ufffd"
+_MAX_CHAR_TOKENS = 4
+
 
 def _episode(
     index: int,
@@ -185,7 +217,8 @@ def _episode(
     ]
     if t.error:
         parts.append(f'<p class="error">{_e(t.error)}</p>')
-    prompt_tokens = "".join(_plain(decode(i)) for i in t.prompt_ids)
+    prompt_tokens = "".join(_plain(text) for text in decode.texts(t.prompt_ids))
+    texts = decode.texts(t.completion_ids)
     parts.append(
         f"<details><summary>prompt: {len(prompt_messages)} messages, "
         f"{len(t.prompt_ids)} tokens</summary>"
@@ -194,7 +227,7 @@ def _episode(
     )
     for k, (turn_id, positions) in enumerate(turns):
         messages = turn_messages[k] if k < len(turn_messages) else []
-        parts.append(_turn(t, trainer, coloring, decode, turn_id, positions, messages))
+        parts.append(_turn(t, trainer, coloring, texts, turn_id, positions, messages))
     parts.append("</section>")
     return "\n".join(parts)
 
@@ -228,14 +261,14 @@ def _turn(
     t: Trajectory,
     trainer: Sequence[float] | None,
     coloring: _Coloring,
-    decode: _TokenCache,
+    texts: list[str],
     turn_id: int,
     positions: list[int],
     messages: list[Message],
 ) -> str:
     spans = []
     for pos in positions:
-        text = decode(t.completion_ids[pos])
+        text = texts[pos]
         if t.loss_mask[pos]:
             lp = trainer[pos] if trainer is not None else None
             spans.append(_model_token(text, t.sampler_logprobs[pos], lp, coloring))
@@ -270,11 +303,12 @@ def _message(m: Message) -> str:
 
 
 def _model_token(text: str, sampler: float, trainer: float | None, coloring: _Coloring) -> str:
+    shown = repr(text) if text else "(part of a character completed by a later token)"
     if coloring.trainer and trainer is not None:
         delta = trainer - sampler
         rgb = delta_color(delta, coloring.scale)
         tip = (
-            f"token {text!r}\nsampler logprob {sampler:.4f}\ntrainer logprob {trainer:.4f}"
+            f"token {shown}\nsampler logprob {sampler:.4f}\ntrainer logprob {trainer:.4f}"
             f"\nδ {delta:+.4f}"
         )
         data = (
@@ -282,7 +316,7 @@ def _model_token(text: str, sampler: float, trainer: float | None, coloring: _Co
         )
     else:
         rgb = surprisal_color(sampler, coloring.scale)
-        tip = f"token {text!r}\nsampler logprob {sampler:.4f}\n(no trainer logprobs)"
+        tip = f"token {shown}\nsampler logprob {sampler:.4f}\n(no trainer logprobs)"
         data = f' data-sampler="{sampler:.6g}"'
     style = f"background:rgb({rgb[0]},{rgb[1]},{rgb[2]})"
     return f'<span class="tok" style="{style}" title="{_e(tip)}"{data}>{_e(text)}</span>'
@@ -340,6 +374,7 @@ details { font-size: 13px; margin-bottom: 6px; }
 pre { white-space: pre-wrap; word-break: break-word; margin: 2px 0;
   font-family: ui-monospace, monospace; font-size: 13px; line-height: 1.5; }
 .tok { border-radius: 2px; }
+.tok:empty { display: inline-block; min-width: 3px; height: 1em; vertical-align: text-bottom; }
 .ctx { color: #9e9e9e; }
 .call, .msg { font-size: 13px; margin: 2px 0; }
 .call code { margin-left: 6px; background: #eceff1; padding: 0 4px; }

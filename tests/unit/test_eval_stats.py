@@ -1,0 +1,162 @@
+import json
+import math
+
+import pytest
+
+from tir_rl.eval_stats import (
+    EvalReport,
+    bootstrap_mean,
+    build_report,
+    format_table,
+    num_turns,
+    pass_at_k,
+    wilson_interval,
+)
+from tir_rl.types import Message, RolloutStatus, ToolCall, Trajectory
+
+
+@pytest.mark.parametrize(("k", "expected"), [(1, 2 / 5), (2, 1 - 3 / 10), (5, 1.0)])
+def test_pass_at_k_matches_hand_computed_values(k, expected):
+    # n=5, c=2: pass@k = 1 - C(3, k) / C(5, k); C(3,1)/C(5,1) = 3/5, C(3,2)/C(5,2) = 3/10,
+    # C(3,5) = 0.
+    assert pass_at_k(5, 2, k) == pytest.approx(expected)
+
+
+def test_pass_at_k_equals_the_binomial_formula_everywhere():
+    for n in range(1, 13):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                exact = 1 - math.comb(n - c, k) / math.comb(n, k)
+                assert pass_at_k(n, c, k) == pytest.approx(exact, abs=1e-12), (n, c, k)
+
+
+def test_pass_at_k_edge_cases_and_bad_input():
+    assert pass_at_k(4, 0, 3) == 0.0
+    assert pass_at_k(4, 4, 1) == 1.0
+    with pytest.raises(ValueError, match="k <= n"):
+        pass_at_k(3, 1, 4)
+    with pytest.raises(ValueError, match="c <= n"):
+        pass_at_k(3, 5, 1)
+
+
+def test_bootstrap_interval_contains_the_mean_and_shrinks_with_more_tasks():
+    pattern = [0.0, 1.0, 0.5, 0.0, 1.0, 0.2, 0.8, 0.0, 1.0, 0.4]
+    small = bootstrap_mean(pattern)
+    large = bootstrap_mean(pattern * 20)
+    for estimate in (small, large):
+        assert estimate.low <= estimate.value <= estimate.high
+        assert estimate.low < estimate.high
+    assert small.value == pytest.approx(large.value)
+    assert (large.high - large.low) < 0.5 * (small.high - small.low)
+    assert bootstrap_mean(pattern, seed=0) == small  # reproducible with a fixed seed
+
+
+def test_bootstrap_of_a_single_task_is_the_point_estimate():
+    estimate = bootstrap_mean([0.25])
+    assert (estimate.low, estimate.value, estimate.high) == (0.25, 0.25, 0.25)
+
+
+def test_wilson_interval_contains_the_proportion_and_shrinks():
+    small = wilson_interval(3, 10)
+    large = wilson_interval(300, 1000)
+    assert small.low < 0.3 < small.high and large.low < 0.3 < large.high
+    assert (large.high - large.low) < (small.high - small.low)
+    # Textbook value: 3/10 at 95% -> [0.1078, 0.6032].
+    assert (small.low, small.high) == pytest.approx((0.1078, 0.6032), abs=1e-3)
+    assert wilson_interval(0, 5).low == 0.0 and wilson_interval(5, 5).high == 1.0
+
+
+def episode(group_id, reward, *, turns=2, calls=1, errors=0, status=RolloutStatus.FINISHED):
+    messages = [Message.user("task")]
+    for turn in range(turns):
+        tool_calls = [ToolCall("python", {"code": "1"})] if turn < calls else []
+        messages.append(Message.assistant("...", tool_calls))
+        if tool_calls:
+            messages.append(Message.tool("1", name="python"))
+    return Trajectory(
+        prompt_ids=[1],
+        completion_ids=[5, 6],
+        loss_mask=[1, 1],
+        sampler_logprobs=[-0.1, -0.2],
+        turn_ids=[0, 0],
+        reward=reward,
+        status=status,
+        group_id=group_id,
+        num_tool_calls=calls,
+        num_tool_errors=errors,
+        messages=messages,
+    )
+
+
+def synthetic_episodes():
+    # Task 0: 2/4 correct, task 1: 0/4, task 2: 4/4 (one with shaped reward 0.5: not correct).
+    rewards = {0: [1, 0, 1, 0], 1: [0, 0, 0.5, 0], 2: [1, 1, 1, 1]}
+    episodes = []
+    for group, values in rewards.items():
+        for i, reward in enumerate(values):
+            episodes.append(
+                episode(
+                    group,
+                    float(reward),
+                    turns=1 + i % 2,
+                    calls=i % 2,
+                    errors=1 if (group, i) == (1, 1) else 0,
+                    status=RolloutStatus.TRUNCATED_MAX_TURNS
+                    if (group, i) == (1, 3)
+                    else RolloutStatus.FINISHED,
+                )
+            )
+    return episodes
+
+
+def test_report_from_synthetic_trajectories():
+    report = build_report(
+        synthetic_episodes(), env_id="tir_rl/MathPython-v0", split="test", k=2, wall_time_s=3.5
+    )
+    assert (report.num_tasks, report.samples_per_task, report.k) == (3, 4, 2)
+    # pass@1 per task: 2/4, 0, 1 ; pass@2 per task: 1 - C(2,2)/C(4,2) = 5/6, 0, 1.
+    assert report.pass_at_1.value == pytest.approx((0.5 + 0 + 1) / 3)
+    assert report.pass_at_k.value == pytest.approx((5 / 6 + 0 + 1) / 3)
+    assert report.pass_at_1.low <= report.pass_at_1.value <= report.pass_at_1.high
+    assert report.mean_reward == pytest.approx((2 + 0.5 + 4) / 12)
+    assert report.mean_turns == pytest.approx(1.5)
+    assert report.mean_tool_calls == pytest.approx(0.5)
+    assert report.tool_error_rate == pytest.approx(1 / 6)
+    assert report.status_counts["finished"] == 11
+    assert report.status_counts["truncated_max_turns"] == 1
+    assert set(report.status_counts) == {s.value for s in RolloutStatus}
+
+    data = json.loads(report.to_json())
+    assert data["pass_at_k"]["value"] == pytest.approx(report.pass_at_k.value)
+    assert data["env_id"] == "tir_rl/MathPython-v0" and data["wall_time_s"] == 3.5
+
+    table = format_table(report)
+    assert len(table.splitlines()) <= 24 and max(map(len, table.splitlines())) <= 80
+    assert "pass@1" in table and "pass@2" in table and "truncated_max_turns" in table
+    assert f"{report.pass_at_k.value:.3f}" in table
+
+
+def test_report_rejects_k_above_the_samples_per_task():
+    with pytest.raises(ValueError, match="k=5"):
+        build_report(synthetic_episodes(), env_id="e", split="test", k=5)
+    with pytest.raises(ValueError, match="at least one trajectory"):
+        build_report([], env_id="e", split="test", k=1)
+
+
+def test_success_threshold_decides_what_counts_as_correct():
+    report = build_report(
+        synthetic_episodes(), env_id="e", split="test", k=1, success_threshold=0.5
+    )
+    assert report.pass_at_1.value == pytest.approx((0.5 + 0.25 + 1) / 3)
+    assert isinstance(report, EvalReport)
+
+
+def test_num_turns_falls_back_to_turn_ids_without_messages():
+    t = Trajectory(
+        prompt_ids=[1],
+        completion_ids=[5, 6, 7, 8],
+        loss_mask=[1, 0, 1, 1],
+        sampler_logprobs=[0.0] * 4,
+        turn_ids=[0, 0, 1, 2],
+    )
+    assert num_turns(t) == 3
