@@ -46,8 +46,9 @@ class TinyModelSpec:
     num_layers: int = 2
     hidden_size: int = 64
     intermediate_size: int = 128
-    num_heads: int = 4
-    num_kv_heads: int = 2
+    num_heads: int = 2
+    """Head size = hidden_size / num_heads; vLLM's CPU attention needs 32, 64, 80, ..."""
+    num_kv_heads: int = 1
     max_positions: int = 4096
     seed: int = 0
 
