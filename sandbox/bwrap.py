@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tir_rl.errors import SetupError
+from tir_rl.errors import SandboxError, SetupError
 from tir_rl.sandbox.image import ImageBuilder, repl_source
 from tir_rl.sandbox.pool import CellLimits, WarmPool
 from tir_rl.sandbox.protocol import (
@@ -72,6 +72,9 @@ class BwrapBackend:
         """Largest file a process may write."""
         uid: int = 1000
         """Unprivileged uid that bubblewrap (and the code) runs as when started as root."""
+        cgroups: bool = True
+        """Put each sandbox in its own memory/pids cgroup when running as root (else, and
+        when not root, coarse rlimits stand in: see docs/sandbox.md)."""
         preload: tuple[str, ...] = ()
         """Modules imported when a sandbox starts."""
         start_timeout_s: float = 60.0
@@ -130,7 +133,8 @@ class BwrapBackend:
     def start_worker(self) -> PipeWorker:
         """Start one sandbox and wait for its REPL to answer."""
         cfg = self.config
-        cgroup = Cgroup.create(cfg.memory_mb, cfg.pids_limit) if self.isolated else None
+        use_cgroups = self.isolated and cfg.cgroups
+        cgroup = Cgroup.create(cfg.memory_mb, cfg.pids_limit) if use_cgroups else None
         as_root = os.geteuid() == 0
 
         def preexec() -> None:  # runs in the child between fork and exec
@@ -165,11 +169,12 @@ class BwrapBackend:
             pong = worker.request({"op": "ping"}, timeout_s=cfg.start_timeout_s)
         except (WorkerDied, WorkerTimeout) as exc:
             worker.kill()
-            raise SetupError(f"the bubblewrap sandbox did not start: {worker.diagnostics()} "
-                             f"({exc!r}); run `tir-rl sandbox build`") from None
+            raise SandboxError(f"the bubblewrap sandbox did not start: {worker.diagnostics()} "
+                               f"({exc!r}); if this persists, run `tir-rl sandbox build`"
+                               ) from None
         if pong.get("pong") != PROTOCOL_VERSION:
             worker.kill()
-            raise SetupError("the sandbox REPL speaks another protocol version")
+            raise SandboxError("the sandbox REPL speaks another protocol version")
         return worker
 
 

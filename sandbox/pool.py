@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tir_rl.errors import SandboxError
+from tir_rl.errors import SandboxError, SetupError
 from tir_rl.sandbox.base import ExecResult
 from tir_rl.sandbox.protocol import Worker, WorkerDied, WorkerTimeout, response_to_result
 
@@ -61,11 +61,13 @@ class WarmPool:
         max_parallel_starts: int,
         limits: CellLimits,
         acquire_timeout_s: float = 120.0,
+        max_attempts: int = 5,
     ) -> None:
         self._start_worker = start_worker
         self.size = size
         self.limits = limits
         self.acquire_timeout_s = acquire_timeout_s
+        self.max_attempts = max_attempts
         self._ready: queue.Queue[Worker | BaseException] = queue.Queue()
         self._starts = ThreadPoolExecutor(max_parallel_starts, thread_name_prefix="sandbox-start")
         self._kills = ThreadPoolExecutor(4, thread_name_prefix="sandbox-kill")
@@ -103,10 +105,15 @@ class WarmPool:
         self._ready.put(worker)
 
     def acquire(self) -> Worker:
-        """Take a warm worker (waiting for one if all are in use) and schedule a replacement."""
+        """Take a warm worker (waiting for one if all are in use) and schedule a replacement.
+
+        A failed start is retried a few times (a neighbour's fork bomb or a busy engine can
+        make one start fail); a set-up problem (missing image or engine) is raised at once.
+        """
         if self._closed:
             raise SandboxError("the sandbox pool was shut down")
-        for _ in range(3):
+        failure: BaseException | None = None
+        for attempt in range(self.max_attempts):
             self._schedule_start()
             try:
                 item = self._ready.get(timeout=self.acquire_timeout_s)
@@ -116,16 +123,21 @@ class WarmPool:
                     "may be overloaded (lower the number of concurrent episodes)"
                 ) from None
             if isinstance(item, BaseException):
-                if isinstance(item, SandboxError):
+                if isinstance(item, SetupError):
                     raise item
-                raise SandboxError(f"a sandbox failed to start: {item}") from item
+                failure = item
+                time.sleep(0.1 * (attempt + 1))
+                continue
             try:
                 item.request({"op": "ping"}, timeout_s=5.0)
-            except (WorkerDied, WorkerTimeout):
+            except (WorkerDied, WorkerTimeout) as exc:
                 self.discard(item)
+                failure = exc
                 continue
             return item
-        raise SandboxError("sandboxes keep dying right after start; see the engine's logs")
+        if isinstance(failure, SandboxError):
+            raise failure
+        raise SandboxError(f"sandboxes keep failing to start: {failure!r}") from failure
 
     def discard(self, worker: Worker) -> None:
         """Kill `worker` in the background (never blocks the caller)."""

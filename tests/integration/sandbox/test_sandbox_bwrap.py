@@ -2,6 +2,7 @@
 
 import pytest
 
+from tir_rl.sandbox.bwrap import BwrapBackend
 from tir_rl.sandbox.hostile import CASES, HostContext, run_case
 from tir_rl.sandbox.pool import EpisodeSandbox
 
@@ -28,3 +29,18 @@ def test_numpy_and_sympy_import_in_the_image_root(bwrap_pool):
         r = sb.run("import numpy, sympy\nint(numpy.arange(5).sum()), str(sympy.sqrt(8))",
                    timeout_s=30)
     assert r.result == "(10, '2*sqrt(2)')"
+
+
+@pytest.mark.slow
+def test_rlimit_fallback_without_cgroups_contains_the_suite(sandbox_image):
+    """The path taken without root: rlimits instead of cgroups (here: root with cgroups off)."""
+    config = BwrapBackend.Config(pool_size=2, cgroups=False)
+    pool = BwrapBackend(config=config).make_pool()
+    try:
+        with HostContext(lambda: EpisodeSandbox(pool)).baited() as ctx:
+            for case in CASES:
+                if not case.slow:
+                    report = run_case(case, ctx)
+                    assert report.passed, (case.name, report.message)
+    finally:
+        pool.close()

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from tir_rl.errors import SandboxError
+from tir_rl.errors import SandboxError, SetupError
 from tir_rl.sandbox.pool import CellLimits, EpisodeSandbox, WarmPool
 from tir_rl.sandbox.protocol import LineReader, WorkerDied, WorkerTimeout, response_to_result
 
@@ -147,13 +147,46 @@ def test_non_json_arguments_are_an_error_result():
         pool.close()
 
 
-def test_start_failure_surfaces_as_sandbox_error():
+def test_setup_problem_is_raised_at_once():
+    calls = []
+
     def broken():
-        raise SandboxError("image missing: run `tir-rl sandbox build`")
+        calls.append(1)
+        raise SetupError("image missing: run `tir-rl sandbox build`")
 
     pool = make_pool(broken, size=1)
     try:
-        with pytest.raises(SandboxError, match="tir-rl sandbox build"):
+        with pytest.raises(SetupError, match="tir-rl sandbox build"):
+            EpisodeSandbox(pool).run("1", timeout_s=1)
+    finally:
+        pool.close()
+
+
+def test_transient_start_failures_are_retried():
+    factory = FakeFactory()
+    failures = [SandboxError("fork failed"), SandboxError("fork failed")]
+
+    def flaky():
+        if failures:
+            raise failures.pop()
+        return factory()
+
+    pool = make_pool(flaky, size=2)
+    try:
+        with EpisodeSandbox(pool) as sb:
+            assert sb.run("1", timeout_s=1).result == "ok"
+    finally:
+        pool.close()
+
+
+def test_persistent_start_failure_gives_up_with_sandbox_error():
+    def broken():
+        raise SandboxError("engine busy")
+
+    pool = make_pool(broken, size=1)
+    pool.max_attempts = 2
+    try:
+        with pytest.raises(SandboxError, match="engine busy"):
             EpisodeSandbox(pool).run("1", timeout_s=1)
     finally:
         pool.close()
