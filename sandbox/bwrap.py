@@ -165,6 +165,7 @@ class BwrapBackend:
                 cgroup.remove()
             raise
         worker = PipeWorker(proc, cgroup, max_line_bytes=cfg.max_output_bytes * 32)
+        worker.memory_mb = cfg.memory_mb
         try:
             pong = worker.request({"op": "ping"}, timeout_s=cfg.start_timeout_s)
         except (WorkerDied, WorkerTimeout) as exc:
@@ -186,6 +187,7 @@ class PipeWorker:
         self.proc = proc
         self.cgroup = cgroup
         self.name = f"pid-{proc.pid}"
+        self.memory_mb = 0
         self._stderr = bytearray()
         threading.Thread(target=self._drain_stderr, daemon=True).start()
         self._reader = LineReader(self._recv, max_line_bytes=max_line_bytes)
@@ -234,7 +236,8 @@ class PipeWorker:
         except subprocess.TimeoutExpired:
             return None  # alive but its stream broke or was corrupted: the caller's reason
         if self.cgroup is not None and self.cgroup.oom_killed():
-            return "the memory limit was exceeded and the interpreter was killed"
+            return (f"the memory limit ({self.memory_mb} MiB) was exceeded and the interpreter "
+                    "was killed")
         if code < 0 or code > 128:
             sig = -code if code < 0 else code - 128
             what = {9: "SIGKILL", 11: "SIGSEGV (segmentation fault)", 6: "SIGABRT"}.get(

@@ -182,7 +182,8 @@ class DockerBackend:
                 cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
             )
             self.api.start(cid)
-            worker = DockerWorker(self.api, cid, sock, max_line_bytes=cfg.max_output_bytes * 32)
+            worker = DockerWorker(self.api, cid, sock, max_line_bytes=cfg.max_output_bytes * 32,
+                                  memory_mb=cfg.memory_mb)
             pong = worker.request({"op": "ping"}, timeout_s=cfg.start_timeout_s)
             if pong.get("pong") != PROTOCOL_VERSION:
                 raise SandboxError(f"the sandbox REPL speaks protocol {pong.get('pong')!r}, "
@@ -205,8 +206,11 @@ class DockerBackend:
 class DockerWorker:
     """One container's REPL, spoken to over its attached (multiplexed) stdio stream."""
 
-    def __init__(self, api: Any, container_id: str, sock: Any, *, max_line_bytes: int) -> None:
+    def __init__(
+        self, api: Any, container_id: str, sock: Any, *, max_line_bytes: int, memory_mb: int = 0
+    ) -> None:
         self.api = api
+        self.memory_mb = memory_mb
         self.container_id = container_id
         self.name = container_id[:12]
         self._sock: socket.socket = getattr(sock, "_sock", sock)
@@ -266,7 +270,8 @@ class DockerWorker:
             state = self.api.inspect_container(self.container_id)["State"]
         code = state.get("ExitCode")
         if state.get("OOMKilled"):
-            return "the memory limit was exceeded and the interpreter was killed"
+            return f"the memory limit ({self.memory_mb} MiB) was exceeded and the interpreter " \
+                   "was killed"
         if state.get("Running"):
             return None  # alive but its stream broke or was corrupted: the caller's reason
         if code is not None and code > 128:
