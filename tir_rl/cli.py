@@ -124,6 +124,21 @@ def _cmd_sandbox(args: argparse.Namespace) -> int:
     return 0 if commands.check(config, include_slow=args.slow, names=args.case) else 1
 
 
+def _cmd_rollout(args: argparse.Namespace) -> int:
+    from tir_rl.rollout_report import run_rollout_command
+
+    run_rollout_command(
+        args.config,
+        args.set,
+        num=args.num,
+        group_size=args.group_size,
+        split=args.split,
+        out=args.out,
+        max_chars=args.max_chars,
+    )
+    return 0
+
+
 def _not_yet(what: str, issue: int) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         raise TirError(
@@ -172,10 +187,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="JSON report path (default: eval_report.json beside the model)")
     p.set_defaults(func=_cmd_eval)
 
-    p = sub.add_parser("rollout", help="run episodes and print/save trajectories, no training")
-    p.add_argument("--config", required=True)
-    p.add_argument("--num", type=int, default=4)
-    p.set_defaults(func=_not_yet("rollout", 4))
+    p = sub.add_parser(
+        "rollout",
+        help="run episodes and print/save trajectories, no training",
+        epilog="""examples:
+  tir-rl rollout --config configs/rollout_multihop.yaml --num 4
+  tir-rl rollout --config configs/rollout_multihop.yaml --num 8 --group-size 4 \\
+      --set rollout.max_turns=4 --set env.kwargs.horizon=2 --out rollouts.jsonl
+  tir-rl rollout --config configs/quickstart.yaml --num 2      # any train config works
+""",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", required=True, help="YAML run config (model, env, engine, rollout)")
+    p.add_argument("--num", type=int, default=4, help="number of episodes")
+    p.add_argument("--group-size", type=int, default=1, help="samples per task (same seed)")
+    p.add_argument("--split", default="train", help="task pool: train or test")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
+    p.add_argument("--out", metavar="FILE.jsonl", help="also save the trajectories as JSONL")
+    p.add_argument("--max-chars", type=int, default=300, help="cut texts to this (0: full)")
+    p.set_defaults(func=_cmd_rollout)
 
     p = sub.add_parser("doctor", help="pre-flight sampler/trainer parity audit")
     p.add_argument("--config", required=True)

@@ -316,3 +316,21 @@ def test_context_limit_above_the_engine_max_model_len_is_refused(tokenizer):
 def test_invalid_config_values_raise_config_error(field, value):
     with pytest.raises(ConfigError, match=field):
         Rollout.Config(**{field: value}).validate()
+
+
+# ----------------------------------------------------------------------------------- report
+def test_report_shows_turns_calls_and_status_and_jsonl_round_trips(tokenizer, tmp_path):
+    import json
+
+    from tir_rl.rollout_report import format_summary, format_trajectory, write_jsonl
+
+    script = {0: call("echo", text=UNICODE_TEXT), 1: ANSWER}
+    (traj,) = run(FakeEngine(tokenizer, lambda ep, turn: script[turn]), tokenizer)
+    text = format_trajectory(traj, index=0, max_chars=0)
+    assert "status finished" in text and "reward 1" in text and "turns 2" in text
+    assert '→ call echo({"text": "' + UNICODE_TEXT + '"})' in text
+    assert f"tool[echo] │ {UNICODE_TEXT}" in text
+    assert "1 episodes │ mean reward 1.000" in format_summary([traj])
+    (row,) = [json.loads(line) for line in write_jsonl([traj], tmp_path / "t.jsonl").open()]
+    assert row["completion_ids"] == traj.completion_ids
+    assert row["status"] == "finished" and row["messages"][3]["content"] == UNICODE_TEXT
