@@ -194,25 +194,35 @@ class _TrainLoop:
         rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
         groups = torch.tensor([t.group_id for t in trajectories], dtype=torch.long)
         adv = group_advantages(rewards, groups, normalize_std=True)
-        batch = TrainBatch.from_trajectories(trajectories)
+        # Episodes that sampled nothing (e.g. the env failed to reset) carry no gradient;
+        # they still count in their group's baseline above, as the failures they are.
+        trainable = [i for i, t in enumerate(trajectories) if t.num_model_tokens > 0]
+        row = _rollout_metrics(trajectories, prefix="rollout")
+        row["train/dropped_episodes"] = float(len(trajectories) - len(trainable))
         t1 = time.perf_counter()
-        old_logprobs = self.trainer.compute_logprobs(batch)
-        result = self.trainer.train_step(
-            batch, adv.advantages, old_logprobs=old_logprobs, guard=self.guard
-        )
+        result, old_logprobs, parity = None, None, None
+        if trainable:
+            batch = TrainBatch.from_trajectories([trajectories[i] for i in trainable])
+            old_logprobs = self.trainer.compute_logprobs(batch)
+            result = self.trainer.train_step(
+                batch, adv.advantages[trainable], old_logprobs=old_logprobs, guard=self.guard
+            )
+        else:
+            logger.warning("step %d: no episode sampled any token; skipping the update", step)
         t_train = time.perf_counter() - t1
 
         t2 = time.perf_counter()
-        parity = None if result.skipped else self._sync_weights()
+        if result is not None and not result.skipped:
+            parity = self._sync_weights()
         t_sync = time.perf_counter() - t2
 
-        row = _rollout_metrics(trajectories, prefix="rollout")
-        row.update(result.metrics)
+        if result is not None:
+            row.update(result.metrics)
         row.update(
             {
-                "train/loss": result.loss,
-                "train/grad_norm": result.grad_norm,
-                "train/skipped": float(result.skipped),
+                "train/loss": result.loss if result else float("nan"),
+                "train/grad_norm": result.grad_norm if result else float("nan"),
+                "train/skipped": float(result is None or result.skipped),
                 "train/degenerate_groups": float(adv.num_degenerate_groups),
                 "perf/rollout_s": t_rollout,
                 "perf/train_s": t_train,
@@ -224,19 +234,20 @@ class _TrainLoop:
             row["sync/parity_max_abs_diff"] = parity.max_abs_diff
             row["sync/parity_mean_abs_diff"] = parity.mean_abs_diff
         self.metrics.log(step + 1, row)
-        if cfg.save_trajectories:
-            keep = list(range(min(cfg.save_trajectories, len(trajectories))))
+        if cfg.save_trajectories and old_logprobs is not None:
+            keep = trainable[: cfg.save_trajectories]
             save_trajectories(
                 self.run_dir / "trajectories.jsonl",
                 [trajectories[i] for i in keep],
                 step + 1,
                 trainer_logprobs=[
-                    old_logprobs[i, : len(trajectories[i].completion_ids)].tolist() for i in keep
+                    old_logprobs[row_i, : len(trajectories[i].completion_ids)].tolist()
+                    for row_i, i in enumerate(keep)
                 ],
             )
         if cfg.plot_every and (step + 1) % cfg.plot_every == 0:
             self._plots()
-        return row, result.stop
+        return row, result is not None and result.stop
 
     # ------------------------------------------------------------------ pieces
 
