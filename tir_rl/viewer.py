@@ -24,11 +24,17 @@ from pathlib import Path
 from typing import Protocol
 
 from tir_rl.types import Message, Role, Trajectory
+from tir_rl.viewer_style import (
+    CSS,
+    MIN_DELTA_SCALE,
+    PAGE,
+    SURPRISAL_SCALE,
+    delta_color,
+    legend,
+    surprisal_color,
+)
 
-SURPRISAL_SCALE = 6.0
-"""−log p (nats) drawn at full colour in surprisal mode."""
-MIN_DELTA_SCALE = 1e-3
-"""Lower bound of the automatic |δ| scale, so a perfect-parity page is not all saturated."""
+__all__ = ["delta_color", "render_html", "render_saved", "surprisal_color"]
 
 
 class Decoder(Protocol):
@@ -36,25 +42,6 @@ class Decoder(Protocol):
 
     def decode(self, token_ids: list[int]) -> str:  # noqa: D102 (protocol)
         ...
-
-
-def delta_color(delta: float, scale: float) -> tuple[int, int, int]:
-    """Diverging colour of δ: blue (−scale) → white (0) → red (+scale), clamped outside."""
-    if not math.isfinite(delta):
-        return (190, 190, 190)
-    x = max(-1.0, min(1.0, delta / scale))
-    fade = round(255 * (1 - abs(x)))
-    if x >= 0:
-        return (255, fade, fade)
-    return (fade, fade, 255)
-
-
-def surprisal_color(logprob: float, scale: float = SURPRISAL_SCALE) -> tuple[int, int, int]:
-    """Sequential colour of −logprob: white (certain) → orange-red (surprising)."""
-    if not math.isfinite(logprob):
-        return (190, 190, 190)
-    x = max(0.0, min(1.0, -logprob / scale))
-    return (255, round(255 - 140 * x), round(255 - 215 * x))
 
 
 @dataclass(frozen=True)
@@ -111,13 +98,13 @@ def render_html(
     decode = _TokenCache(tokenizer)
     body = [
         f"<h1>{_e(title)}</h1>",
-        _legend(any_trainer, scale, all(lp is not None for lp in trainer)),
+        legend(any_trainer, scale, all(lp is not None for lp in trainer)),
     ]
     for i, (t, lp) in enumerate(zip(trajectories, trainer, strict=True)):
         coloring = _Coloring(lp is not None, scale if lp is not None else SURPRISAL_SCALE)
         label = labels[i] if labels is not None else ""
         body.append(_episode(i, t, lp, coloring, decode, label))
-    return _PAGE.format(title=_e(title), css=_CSS, body="\n".join(body))
+    return PAGE.format(title=_e(title), css=CSS, body="\n".join(body))
 
 
 def render_saved(path: Path | str, tokenizer: Decoder, *, title: str | None = None) -> str:
@@ -326,71 +313,5 @@ def _plain(text: str) -> str:
     return f'<span class="ctx">{_e(text)}</span>'
 
 
-def _legend(any_trainer: bool, scale: float, all_trainer: bool) -> str:
-    if any_trainer:
-        stops = [delta_color(x * scale, scale) for x in (-1, -0.5, 0, 0.5, 1)]
-        gradient = ", ".join(f"rgb({r},{g},{b})" for r, g, b in stops)
-        text = (
-            f"Model tokens coloured by δ = trainer − sampler logprob: blue δ ≤ −{scale:.3g} "
-            f"(trainer finds the token less likely), white δ = 0, red δ ≥ +{scale:.3g}."
-        )
-        if not all_trainer:
-            text += " Episodes without trainer logprobs are coloured by sampler surprisal."
-    else:
-        stops = [surprisal_color(-x * SURPRISAL_SCALE) for x in (0, 0.5, 1)]
-        gradient = ", ".join(f"rgb({r},{g},{b})" for r, g, b in stops)
-        text = (
-            "No trainer logprobs: model tokens coloured by sampler surprisal −log p "
-            f"(white 0, orange ≥ {SURPRISAL_SCALE:g} nats)."
-        )
-    return (
-        f'<div class="legend"><span class="bar" style="background:linear-gradient(to right, '
-        f'{gradient})"></span> {_e(text)} Grey text: prompt, chat-format and tool tokens '
-        "(not trained on). Hover a token for its logprobs.</div>"
-    )
-
-
 def _e(text: str) -> str:
     return html.escape(text, quote=True)
-
-
-_CSS = """
-body { font-family: system-ui, sans-serif; margin: 16px; color: #222; background: #fafafa; }
-h1 { font-size: 20px; margin: 0 0 8px; }
-h2 { font-size: 16px; margin: 0 0 4px; }
-.legend { font-size: 13px; margin-bottom: 12px; }
-.legend .bar { display: inline-block; width: 120px; height: 12px; border: 1px solid #999;
-  vertical-align: middle; }
-.episode { background: #fff; border: 1px solid #ccc; border-radius: 6px; padding: 10px 12px;
-  margin-bottom: 14px; }
-.facts { font-size: 13px; color: #555; margin: 0 0 6px; }
-.status { font-size: 12px; padding: 1px 6px; border-radius: 8px; color: #fff; }
-.status.ok { background: #2e7d32; } .status.warn { background: #ef6c00; }
-.status.bad { background: #c62828; }
-.error { color: #c62828; font-size: 13px; }
-details { font-size: 13px; margin-bottom: 6px; }
-.turn { border-left: 3px solid #90a4ae; padding-left: 8px; margin: 6px 0; }
-.turn-head { font-size: 12px; color: #455a64; font-weight: 600; }
-pre { white-space: pre-wrap; word-break: break-word; margin: 2px 0;
-  font-family: ui-monospace, monospace; font-size: 13px; line-height: 1.5; }
-.tok { border-radius: 2px; }
-.tok:empty { display: inline-block; min-width: 3px; height: 1em; vertical-align: text-bottom; }
-.ctx { color: #9e9e9e; }
-.call, .msg { font-size: 13px; margin: 2px 0; }
-.call code { margin-left: 6px; background: #eceff1; padding: 0 4px; }
-.msg pre { background: #f5f5f5; padding: 4px; }
-.role-tool b { color: #6a1b9a; }
-"""
-
-_PAGE = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>{title}</title>
-<style>{css}</style>
-</head>
-<body>
-{body}
-</body>
-</html>
-"""
