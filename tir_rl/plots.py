@@ -32,7 +32,7 @@ from tir_rl.metrics import read_metrics
 PLOTS_DIR = "plots"
 REWARD_KEYS = ("rollout/reward_mean", "train/reward_mean", "reward/mean")
 """Mean training reward per step, in order of preference."""
-HELDOUT_KEYS = ("eval/pass@1", "eval/accuracy", "eval/reward_mean")
+HELDOUT_KEYS = ("eval/pass_at_1", "eval/pass@1", "eval/accuracy", "eval/reward_mean")
 """Held-out accuracy (logged only on evaluation steps)."""
 GRAD_NORM_KEYS = ("train/grad_norm",)
 MISMATCH_KEYS = (

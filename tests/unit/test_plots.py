@@ -40,7 +40,8 @@ def write_synthetic_run(run_dir, *, steps=range(6), with_mismatch=True):
         for step in steps:
             metrics = {"rollout/reward_mean": step / 10, "train/grad_norm": 1.0 + step}
             if step % 3 == 0:
-                metrics["eval/pass@1"] = 0.1 * step
+                metrics["eval/pass_at_1"] = 0.1 * step
+                metrics["eval/reward_mean"] = 0.05 * step
             if with_mismatch:
                 metrics.update({k: v * (1 + step) for k, v in real_mismatch_metrics().items()})
             if step == 2:
@@ -72,6 +73,20 @@ def test_write_plots_draws_every_plot_and_replaces_them_later(tmp_path):
     assert all(first[name] != second[name] for name in ALL_PLOTS)
     leftovers = [p for p in (tmp_path / PLOTS_DIR).iterdir() if p.name not in ALL_PLOTS]
     assert leftovers == []  # no temporary files left behind
+
+
+def test_reward_plot_prefers_train_reward_and_pass_at_1():
+    from tir_rl.plots import HELDOUT_KEYS, REWARD_KEYS, first_present
+
+    rows = [
+        {"step": 1, "rollout/reward_mean": 0.2},
+        {"step": 2, "eval/reward_mean": 0.3, "eval/pass_at_1": float("nan")},
+        {"step": 3, "eval/reward_mean": 0.4, "eval/pass_at_1": 0.5},
+    ]
+    assert first_present(rows, REWARD_KEYS).key == "rollout/reward_mean"
+    heldout = first_present(rows, HELDOUT_KEYS)
+    assert heldout.key == "eval/pass_at_1" and heldout.steps == [2, 3]
+    assert first_present(rows[:2], ("eval/pass_at_1",)) is None  # only NaN: no data
 
 
 def test_missing_keys_skip_their_plots_quietly(tmp_path):
