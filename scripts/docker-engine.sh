@@ -5,11 +5,13 @@
 set -euo pipefail
 log() { printf '\033[1m[docker]\033[0m %s\n' "$*" >&2; }
 
-if ! command -v dockerd >/dev/null || ! command -v bwrap >/dev/null; then
-    log "installing docker.io and bubblewrap (apt)"
+# chromium is for the trajectory viewer's browser test (headless screenshots).
+if ! command -v dockerd >/dev/null || ! command -v bwrap >/dev/null \
+    || ! command -v chromium >/dev/null; then
+    log "installing docker.io, bubblewrap and chromium (apt)"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq docker.io bubblewrap >/dev/null
+    apt-get install -y -qq docker.io bubblewrap chromium >/dev/null
 fi
 
 if docker info >/dev/null 2>&1; then
