@@ -83,6 +83,17 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from tir_rl.config import load
+    from tir_rl.doctor import Verdict, format_findings, run_doctor
+    from tir_rl.run_config import RunConfig
+
+    config = load(RunConfig, args.config, args.set)
+    findings = run_doctor(config, num_episodes=args.episodes)
+    print(format_findings(findings))
+    return 1 if any(f.verdict is Verdict.FAIL for f in findings) else 0
+
+
 def _cmd_models(args: argparse.Namespace) -> int:
     from tir_rl import models
 
@@ -207,9 +218,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-chars", type=int, default=300, help="cut texts to this (0: full)")
     p.set_defaults(func=_cmd_rollout)
 
-    p = sub.add_parser("doctor", help="pre-flight sampler/trainer parity audit")
+    p = sub.add_parser(
+        "doctor",
+        help="pre-flight sampler/trainer parity audit",
+        epilog="examples:\n  tir-rl doctor --config configs/quickstart.yaml\n"
+        "  tir-rl doctor --config configs/quickstart.yaml --set engine.dtype=bfloat16\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--config", required=True)
-    p.set_defaults(func=_not_yet("doctor", 6))
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
+    p.add_argument("--episodes", type=int, default=4, help="rollouts to measure mismatch on")
+    p.set_defaults(func=_cmd_doctor)
 
     p = sub.add_parser(
         "sandbox",

@@ -32,7 +32,7 @@ import torch
 
 from tir_rl import checkpoint
 from tir_rl.config import dump, load
-from tir_rl.errors import ConfigError, ParityError
+from tir_rl.errors import ConfigError, ParityError, TirError
 from tir_rl.run_config import RunConfig
 from tir_rl.types import Trajectory
 
@@ -40,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
 _SEED_STRIDE = 1_000_003
+_MAX_FAILED_STEPS = 3
 
 
 @dataclass
@@ -132,6 +133,7 @@ class _TrainLoop:
             )
         )
         self.summary = TrainSummary(self.run_dir, self.start_step)
+        self._all_failed_steps = 0
 
     # ------------------------------------------------------------------ the loop
 
@@ -208,7 +210,20 @@ class _TrainLoop:
                 batch, adv.advantages[trainable], old_logprobs=old_logprobs, guard=self.guard
             )
         else:
-            logger.warning("step %d: no episode sampled any token; skipping the update", step)
+            self._all_failed_steps += 1
+            errors = [t.error for t in trajectories if t.error]
+            logger.warning(
+                "step %d: no episode sampled any token; skipping the update. First error: %s",
+                step, errors[0] if errors else "none recorded",
+            )  # fmt: skip
+            if self._all_failed_steps >= _MAX_FAILED_STEPS:
+                raise TirError(
+                    f"{_MAX_FAILED_STEPS} steps in a row produced no trainable episode. First "
+                    f"error: {errors[0] if errors else 'none recorded'}. Run `tir-rl rollout "
+                    "--config ...` or `tir-rl doctor --config ...` to inspect the episodes."
+                )
+        if trainable:
+            self._all_failed_steps = 0
         t_train = time.perf_counter() - t1
 
         t2 = time.perf_counter()

@@ -1,0 +1,101 @@
+import dataclasses
+
+from tir_rl.config import load
+from tir_rl.doctor import (
+    Finding,
+    Verdict,
+    _retokenization_drifts,
+    format_findings,
+    measured_finding,
+    static_findings,
+)
+from tir_rl.run_config import RunConfig
+from tir_rl.types import Trajectory
+
+
+def verdicts(config, tied=True):
+    return {f.check: f.verdict for f in static_findings(config, tie_word_embeddings=tied)}
+
+
+def test_the_quickstart_config_passes_every_static_check():
+    config = load(RunConfig, "configs/quickstart.yaml")
+    assert set(verdicts(config).values()) == {Verdict.PASS}
+
+
+def test_each_known_source_of_mismatch_is_flagged_with_a_fix():
+    config = load(
+        RunConfig,
+        None,
+        [
+            "engine.dtype=bfloat16",
+            "engine.enable_prefix_caching=true",
+            "engine.allow_truncated_sampling=true",
+        ],
+    )
+    findings = {f.check: f for f in static_findings(config, tie_word_embeddings=True)}
+    for check in ("dtype", "lm_head precision", "prefix caching", "top-p / top-k", "correction"):
+        assert findings[check].verdict is Verdict.WARN, check
+        assert findings[check].fix, check
+    assert "engine.dtype=float32" in findings["dtype"].fix
+
+
+def test_wrong_logprobs_mode_fails():
+    config = load(RunConfig, None)
+    config.engine = dataclasses.replace(
+        config.engine, logprobs_mode="raw_logprobs", allow_other_logprobs_mode=True
+    )
+    assert verdicts(config)["logprobs semantics"] is Verdict.FAIL
+
+
+def test_measured_gap_thresholds():
+    def verdict(max_diff, k3=0.0):
+        metrics = {"mismatch/abs_diff_max": max_diff, "mismatch/k3_kl": k3}
+        return measured_finding(metrics, 4).verdict
+
+    assert verdict(6e-5) is Verdict.PASS
+    assert verdict(0.3) is Verdict.WARN
+    assert verdict(6e-5, k3=1e-3) is Verdict.WARN
+    assert verdict(3.0) is Verdict.FAIL
+    assert verdict(float("nan")) is Verdict.FAIL
+
+
+def test_table_lists_fixes_only_for_problems():
+    text = format_findings(
+        [
+            Finding("a", Verdict.PASS, "fine", "never shown"),
+            Finding("b", Verdict.WARN, "hmm", "do X"),
+        ]
+    )
+    assert "PASS" in text and "WARN" in text
+    assert "b: do X" in text
+    assert "never shown" not in text
+
+
+class FakeChatFormat:
+    """Tokens are runs of 'x' of length 1 or 2; the canonical encoding is greedy pairs."""
+
+    stop_token_ids = (99,)
+
+    def decode(self, ids):
+        return "".join("x" * i for i in ids)
+
+    def encode_assistant_text(self, text):
+        return [2] * (len(text) // 2) + [1] * (len(text) % 2)
+
+
+def trajectory(ids, mask):
+    return Trajectory(
+        prompt_ids=[1],
+        completion_ids=ids,
+        loss_mask=mask,
+        sampler_logprobs=[0.0] * len(ids),
+        turn_ids=[0] * len(ids),
+    )
+
+
+def test_retokenization_drift_is_detected_on_model_tokens_only():
+    fmt = FakeChatFormat()
+    assert not _retokenization_drifts(trajectory([2, 1, 99], [1, 1, 1]), fmt)
+    assert _retokenization_drifts(trajectory([1, 1, 99], [1, 1, 1]), fmt)
+    # the mask-0 token in the middle is not the model's: [2, 1] is canonical
+    assert not _retokenization_drifts(trajectory([2, 1, 1], [1, 0, 1]), fmt)

@@ -1,0 +1,261 @@
+"""`tir-rl doctor`: the pre-flight parity audit, run before spending compute.
+
+Each check yields a `Finding` (pass / warn / fail, what was seen, and the fix). The checks
+follow `docs/mismatch.md`: remove mismatch at the source first (chat template, logprobs
+semantics, temperature, dtypes, prefix cache), then measure what is left on real rollouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from tir_rl.run_config import RunConfig
+from tir_rl.types import Trajectory
+
+# Sampler vs trainer gaps on this kind of machine (docs/machine-facts): fp32 vLLM CPU gives
+# max |Δ| ~6e-5; bf16 gives ~0.3. Above WARN the correction matters; above FAIL it is a bug.
+MAX_ABS_DIFF_WARN = 1e-3
+MAX_ABS_DIFF_FAIL = 0.5
+K3_KL_WARN = 1e-4
+
+
+class Verdict(StrEnum):
+    """Outcome of one check."""
+
+    PASS = "pass"
+    WARN = "warn"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One row of the doctor's table."""
+
+    check: str
+    verdict: Verdict
+    detail: str
+    fix: str = ""
+
+
+def static_findings(config: RunConfig, *, tie_word_embeddings: bool | None) -> list[Finding]:
+    """Checks that need only the config (and the model's config.json)."""
+    engine, trainer, rollout = config.engine, config.trainer, config.rollout
+    out = []
+    if engine.logprobs_mode == "processed_logprobs":
+        out.append(Finding("logprobs semantics", Verdict.PASS, "processed_logprobs"))
+    else:
+        out.append(Finding(
+            "logprobs semantics", Verdict.FAIL,
+            f"engine.logprobs_mode={engine.logprobs_mode}: sampler logprobs are not those of "
+            "the distribution the tokens were drawn from",
+            "--set engine.logprobs_mode=processed_logprobs",
+        ))  # fmt: skip
+    if trainer.temperature == rollout.temperature:
+        out.append(Finding(
+            "temperature", Verdict.PASS,
+            f"sampler {rollout.temperature} = trainer {trainer.temperature}",
+        ))  # fmt: skip
+    else:
+        out.append(Finding(
+            "temperature", Verdict.FAIL,
+            f"sampler {rollout.temperature} != trainer {trainer.temperature}",
+            "set rollout.temperature and trainer.temperature to the same value",
+        ))  # fmt: skip
+    if engine.allow_truncated_sampling:
+        out.append(Finding(
+            "top-p / top-k", Verdict.WARN,
+            "truncated sampling allowed: the trainer does not renormalise over the nucleus",
+            "keep top_p=1 and top_k off, or use a masking correction (correction_preset)",
+        ))  # fmt: skip
+    else:
+        out.append(Finding("top-p / top-k", Verdict.PASS, "refused (top_p=1, top_k off)"))
+    if engine.dtype == trainer.dtype:
+        out.append(Finding("dtype", Verdict.PASS, f"sampler {engine.dtype} = trainer"))
+    else:
+        out.append(Finding(
+            "dtype", Verdict.WARN,
+            f"sampler {engine.dtype} vs trainer {trainer.dtype}: a real, measured mismatch "
+            "(bf16 vs fp32 here: k3 KL ~1.5e-3, max |Δ| ~0.3)",
+            f"--set engine.dtype={trainer.dtype}, or configure a correction "
+            "(correction_preset=geo_rs_token_tis)",
+        ))  # fmt: skip
+    head = "tied to the embedding" if tie_word_embeddings else "untied"
+    if engine.dtype == "float32":
+        out.append(Finding("lm_head precision", Verdict.PASS, f"float32 on both sides ({head})"))
+    else:
+        out.append(Finding(
+            "lm_head precision", Verdict.WARN,
+            f"the sampler computes the lm_head in {engine.dtype} ({head}); low-precision "
+            "logits are the largest single source of mismatch on rare tokens",
+            "run the sampler in float32 (engine.dtype=float32) where memory allows",
+        ))  # fmt: skip
+    if engine.enable_prefix_caching:
+        out.append(Finding(
+            "prefix caching", Verdict.WARN,
+            "on: cached KV blocks can be reused across a weight update or batch shape",
+            "--set engine.enable_prefix_caching=false, or check that the parity probe "
+            "passes after every sync (it does reset the cache)",
+        ))  # fmt: skip
+    else:
+        out.append(Finding("prefix caching", Verdict.PASS, "off"))
+    if config.correction.is_level == "none" and not config.correction.rejects:
+        out.append(Finding(
+            "correction", Verdict.WARN,
+            "metrics only: no importance weights and no rejection",
+            "for long-horizon tool use start with correction_preset=geo_rs_token_tis",
+        ))  # fmt: skip
+    else:
+        out.append(Finding("correction", Verdict.PASS, _describe_correction(config)))
+    return out
+
+
+def rendering_findings(trajectories: Sequence[Trajectory], chat_format: Any) -> list[Finding]:
+    """Template consistency and re-tokenization drift on real rollouts."""
+    from tir_rl.chat import compare_incremental_with_full
+
+    out = []
+    diffs = [
+        compare_incremental_with_full(t.messages, chat_format=chat_format) for t in trajectories
+    ]
+    bad = [d for d in diffs if not d.equal]
+    if not bad:
+        out.append(Finding(
+            "incremental vs full render", Verdict.PASS,
+            f"identical on {len(diffs)} replayed conversations",
+        ))  # fmt: skip
+    else:
+        out.append(Finding(
+            "incremental vs full render", Verdict.WARN,
+            f"{len(bad)}/{len(diffs)} differ; first: {bad[0].describe()}",
+            "tir-rl never re-renders (TITO), so training is unaffected; a trainer that "
+            "re-renders chats would see other tokens. Check the chat template if this is new.",
+        ))  # fmt: skip
+    drifted = sum(_retokenization_drifts(t, chat_format) for t in trajectories)
+    verdict = Verdict.PASS if drifted == 0 else Verdict.WARN
+    out.append(Finding(
+        "re-tokenization drift", verdict,
+        f"{drifted}/{len(trajectories)} episodes hold sampled tokens that decode+encode "
+        "would change",
+        "" if drifted == 0 else "expected with sampling; tir-rl trains on the sampled ids",
+    ))  # fmt: skip
+    return out
+
+
+def measured_finding(metrics: dict[str, float], num_episodes: int) -> Finding:
+    """Verdict on the measured sampler/trainer gap over real rollouts."""
+    worst = metrics.get("mismatch/abs_diff_max", float("nan"))
+    k3 = metrics.get("mismatch/k3_kl", float("nan"))
+    detail = (
+        f"{num_episodes} episodes: max |Δ| {worst:.2e}, mean |Δ| "
+        f"{metrics.get('mismatch/abs_diff_mean', float('nan')):.2e}, k3 KL {k3:.2e}, "
+        f"kl {metrics.get('mismatch/kl', float('nan')):.2e}"
+    )
+    if not worst <= MAX_ABS_DIFF_FAIL:
+        return Finding(
+            "sampler vs trainer logprobs", Verdict.FAIL, detail,
+            "the engine and trainer do not run the same model: check model paths, dtype, "
+            "and that weights were synced",
+        )  # fmt: skip
+    if worst > MAX_ABS_DIFF_WARN or k3 > K3_KL_WARN:
+        return Finding(
+            "sampler vs trainer logprobs", Verdict.WARN, detail,
+            "turn on a correction (correction_preset=geo_rs_token_tis) and watch mismatch/*",
+        )  # fmt: skip
+    return Finding("sampler vs trainer logprobs", Verdict.PASS, detail)
+
+
+def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
+    """Run every check; starts the engine and trainer of `config` and plays a few episodes."""
+    import json
+
+    from tir_rl.batch import TrainBatch
+    from tir_rl.engine.parity import probe_ids_from_text, probe_parity, transformers_logprobs
+    from tir_rl.mismatch import mismatch_metrics
+    from tir_rl.runtime import env_factory, open_runtime, task_specs
+    from tir_rl.trainer import Trainer
+
+    findings: list[Finding] = []
+    with open_runtime(config) as runtime:
+        model_config = json.loads((runtime.model_path / "config.json").read_text())
+        tied = model_config.get("tie_word_embeddings")
+        findings += static_findings(config, tie_word_embeddings=tied)
+        factory = env_factory(config.env, config.env.eval_split)
+        env = factory()
+        _, info = env.reset(seed=0)
+        env.close()
+        chat_format = runtime.rollout.chat_format_for(info.tool_schemas)
+        specs = task_specs(factory, num_tasks=num_episodes, group_size=1)
+        trajectories = [t for t in runtime.run_episodes(specs) if t.num_model_tokens > 0]
+        if not trajectories:
+            findings.append(Finding(
+                "rollouts", Verdict.FAIL, "no episode sampled any token",
+                "run `tir-rl rollout --config ...` to see the episodes' errors",
+            ))  # fmt: skip
+            return findings
+        findings += rendering_findings(trajectories, chat_format)
+        trainer = Trainer(config.trainer)
+        batch = TrainBatch.from_trajectories(trajectories)
+        trainer_logprobs = trainer.compute_logprobs(batch)
+        metrics = mismatch_metrics(
+            trainer_logprobs, batch.sampler_logprobs, batch.loss_mask, batch.turn_ids
+        )
+        findings.append(measured_finding(metrics, len(trajectories)))
+        probe = asyncio.run(
+            probe_parity(
+                runtime.engine,
+                lambda ids: transformers_logprobs(trainer.model, ids).tolist(),
+                probe_ids_from_text(runtime.tokenizer),
+                tolerance=float("inf"),
+            )
+        )
+        within = probe.max_abs_diff <= config.run.parity_tolerance
+        verdict = Verdict.PASS if within else Verdict.WARN
+        findings.append(Finding(
+            "parity probe (prompt logprobs)", verdict,
+            f"max |Δ| {probe.max_abs_diff:.2e} over {probe.num_tokens} tokens "
+            f"(tolerance run.parity_tolerance={config.run.parity_tolerance:g})",
+            "" if verdict is Verdict.PASS else "raise run.parity_tolerance for a low-precision "
+            "sampler, or align dtypes; training stops when the probe fails after a sync",
+        ))  # fmt: skip
+    return findings
+
+
+def format_findings(findings: Sequence[Finding]) -> str:
+    """The doctor's table: one line per check, then the fixes of non-passing checks."""
+    width = max(len(f.check) for f in findings)
+    lines = [f"{'check'.ljust(width)}  verdict  detail", "-" * (width + 60)]
+    lines += [f"{f.check.ljust(width)}  {f.verdict.value.upper():7}  {f.detail}" for f in findings]
+    fixes = [f for f in findings if f.verdict is not Verdict.PASS and f.fix]
+    if fixes:
+        lines += ["", "fixes:"] + [f"  {f.check}: {f.fix}" for f in fixes]
+    return "\n".join(lines)
+
+
+def _retokenization_drifts(trajectory: Trajectory, chat_format: Any) -> bool:
+    turns: dict[int, list[int]] = {}
+    for tok, mask, turn in zip(
+        trajectory.completion_ids, trajectory.loss_mask, trajectory.turn_ids, strict=True
+    ):
+        if mask:
+            turns.setdefault(turn, []).append(tok)
+    stops = set(chat_format.stop_token_ids)
+    for ids in turns.values():
+        body = [t for t in ids if t not in stops]
+        if chat_format.encode_assistant_text(chat_format.decode(body)) != body:
+            return True
+    return False
+
+
+def _describe_correction(config: RunConfig) -> str:
+    c = config.correction
+    parts = [f"IS {c.is_level} (cap {c.is_cap:g})" if c.is_level != "none" else "no IS"]
+    for name in ("token_mask", "turn_mask", "seq_mask", "geo_mask"):
+        if getattr(c, name) is not None:
+            parts.append(f"{name} {tuple(getattr(c, name))}")
+    if c.veto_threshold is not None:
+        parts.append(f"veto {c.veto_threshold:g}")
+    return ", ".join(parts)
