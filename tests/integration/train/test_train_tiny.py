@@ -2,10 +2,12 @@
 
 import json
 
+import gymnasium
 import pytest
 
 from tir_rl.config import load
 from tir_rl.doctor import Verdict, run_doctor
+from tir_rl.envs.multihop import MultiHopEnv
 from tir_rl.evaluate import resolve_checkpoint, run_eval
 from tir_rl.metrics import load_trajectories, read_metrics
 from tir_rl.models import prepare_tiny_model
@@ -14,8 +16,26 @@ from tir_rl.train import latest_checkpoint, load_resume_config, run_train
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model]
 
+FAKE_ENV_ID = "tests/FakeParityReward-v0"
 
-def tiny_config(out_dir, *extra):
+
+class FakeParityRewardEnv(MultiHopEnv):
+    """MultiHop prompts, but every turn ends the episode with reward = (text length even).
+
+    A random tiny model never answers MultiHop, so every group would be degenerate and the
+    gradient zero; this reward varies within groups, so the whole update path runs.
+    """
+
+    def step(self, action):
+        reward = float(len(action.content) % 2 == 0)
+        return [], reward, True, False, None
+
+
+if FAKE_ENV_ID not in gymnasium.registry:
+    gymnasium.register(id=FAKE_ENV_ID, entry_point=FakeParityRewardEnv)
+
+
+def tiny_config(out_dir, *extra, env_id=FAKE_ENV_ID):
     return load(
         RunConfig,
         None,
@@ -27,10 +47,11 @@ def tiny_config(out_dir, *extra):
             "run.tasks_per_step=2",
             "run.group_size=2",
             "run.eval_tasks=2",
-            "env.id=tir_rl/MultiHop-v0",
+            f"env.id={env_id}",
             "env.kwargs={horizon: 2}",
             "rollout.max_turns=2",
             "rollout.max_tokens_per_turn=24",
+            "rollout.end_on_truncated_turn=false",
             "engine.max_model_len=2048",
             "engine.kv_cache_gib=0.25",
             "trainer.lr=1e-3",
@@ -103,7 +124,7 @@ def test_a_new_run_refuses_to_overwrite_checkpoints(trained):
 
 def test_eval_and_doctor_on_the_trained_checkpoint(trained, tmp_path):
     model = resolve_checkpoint(str(trained.run_dir))
-    config = tiny_config(tmp_path, f"model={model}")
+    config = tiny_config(tmp_path, f"model={model}", env_id="tir_rl/MultiHop-v0")
     report_path = tmp_path / "r.json"
     outcome = run_eval(config, num_tasks=2, k=2, samples_per_task=2, report_path=report_path)
     assert outcome.report.num_tasks == 2 and outcome.report.samples_per_task == 2
