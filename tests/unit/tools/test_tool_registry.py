@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 
 import pytest
+
+from tir_rl.errors import ConfigError, SandboxError, ToolDefinitionError
 from tir_rl.sandbox.base import ExecResult
 from tir_rl.tools import ToolRegistry, ToolSpec, tool
 from tir_rl.tools.shipping import FUTURE_LINE
-
-from tir_rl.errors import ConfigError, SandboxError, ToolDefinitionError
 from tir_rl.types import ToolErrorKind
 
 

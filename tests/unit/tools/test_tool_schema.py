@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, TypedDict
 
 import pytest
-from tir_rl.tools import ToolSpec, tool
-from tir_rl.tools.docstring import parse_docstring
 
 from tir_rl.errors import ToolDefinitionError
+from tir_rl.tools import ToolSpec, tool
+from tir_rl.tools.docstring import parse_docstring
 
 
 class Color(enum.Enum):

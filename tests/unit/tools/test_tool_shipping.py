@@ -6,9 +6,9 @@ import math
 from dataclasses import dataclass
 
 import pytest
-from tir_rl.tools import tool
 
 from tir_rl.errors import ToolDefinitionError
+from tir_rl.tools import tool
 
 
 class Mode(enum.Enum):

@@ -7,6 +7,7 @@ from typing import Any, Literal, TypedDict
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from tir_rl.tools.nodes import INVALID
 from tir_rl.tools.schema import build_node, json_form
 
