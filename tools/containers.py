@@ -7,8 +7,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from tir_rl.tools.nodes import INVALID, TypeNode, closest
 from typing_extensions import override
+
+from tir_rl.tools.nodes import INVALID, TypeNode, closest
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ from typing import Any
 from tir_rl.tools.nodes import describe_value
 from tir_rl.tools.schema import json_default
 from tir_rl.tools.spec import ToolSpec
-
 from tir_rl.types import ToolErrorKind, ToolResult
 
 

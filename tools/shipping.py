@@ -18,10 +18,9 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from tir_rl.errors import ToolDefinitionError
 from tir_rl.tools.containers import ObjectNode
 from tir_rl.tools.schema import UnsupportedTypeError, build_node
-
-from tir_rl.errors import ToolDefinitionError
 
 FUTURE_LINE = "from __future__ import annotations\n"
 """Prepended to the shipped source, so that annotations (`Literal[...]`, TypedDicts) are never

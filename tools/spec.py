@@ -12,13 +12,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
+from tir_rl.errors import ToolDefinitionError
 from tir_rl.tools.containers import Field, ObjectNode
 from tir_rl.tools.docstring import Docstring, parse_docstring
 from tir_rl.tools.nodes import INVALID
 from tir_rl.tools.schema import UnsupportedTypeError, build_node, make_field
 from tir_rl.tools.shipping import shipped_source
-
-from tir_rl.errors import ToolDefinitionError
 
 P = ParamSpec("P")
 R = TypeVar("R", covariant=True)
