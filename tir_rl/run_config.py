@@ -72,7 +72,9 @@ class EnvSection:
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for `gymnasium.make` (e.g. `difficulty`, `horizon`)."""
     train_split: str = "train"
+    """Split the training tasks come from."""
     eval_split: str = "test"
+    """Held-out split for evaluation (disjoint from `train_split` by construction)."""
 
 
 @dataclass(kw_only=True)
