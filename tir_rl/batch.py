@@ -5,11 +5,13 @@ longest completion; positions past a completion's end are padding (mask 0).
 
 `plan_micro_batches` turns a batch into forward passes under a token budget:
 
-- `packed`: padding-free. Several sequences share one row; `position_ids` restart at 0 at
-  each sequence start, and transformers (>= 4.46, checked on 5.19 with sdpa and
+- `packed`: (nearly) padding-free. Several sequences share one row; `position_ids` restart
+  at 0 at each sequence start, and transformers (>= 4.46, checked on 5.19 with sdpa and
   `use_cache=False`) derives a block-diagonal causal mask from them, so no token attends
-  across sequences. Rows are filled first-fit-decreasing, so short episodes ride along with
-  long ones and no compute is spent on padding.
+  across sequences. Rows hold at most the longest sequence's length (sdpa computes the
+  whole masked L_row² attention, so one 4096-token row would cost more than four 1024-token
+  rows) and are filled first-fit-decreasing; a pass stacks as many rows as fit the budget,
+  padding only the few tokens by which rows differ.
 - `bucketed`: sequences sorted by length, grouped into right-padded micro-batches whose
   padded size fits the budget (padding only between similar lengths).
 - `padded`: the batch order, right-padded; the baseline for benchmarks.
@@ -194,8 +196,15 @@ def plan_micro_batches(
     lens = batch.total_lens.tolist()
     order = sorted(range(len(lens)), key=lambda i: -lens[i])
     if packing is Packing.PACKED:
-        groups = _first_fit_decreasing(order, lens, max_tokens)
-        return [_packed_micro_batch(batch, g) for g in groups]
+        # Rows no longer than the longest sequence: attention costs L_row² per row (the
+        # block-diagonal mask does not skip work in sdpa), so a few short rows beat one long one.
+        row_cap = max(1, min(max_tokens, max(lens)))
+        rows = _first_fit_decreasing(order, lens, row_cap)
+        rows_per_pass = max(1, max_tokens // row_cap)
+        return [
+            _packed_micro_batch(batch, rows[k : k + rows_per_pass])
+            for k in range(0, len(rows), rows_per_pass)
+        ]
     if packing is Packing.PADDED:
         order = list(range(len(lens)))
     groups: list[list[int]] = []
@@ -228,17 +237,22 @@ def _sequence_tokens(batch: TrainBatch, i: int) -> tuple[torch.Tensor, int, int]
     return torch.cat([prompt, batch.completion_ids[i, :n]]), len(prompt), n
 
 
-def _packed_micro_batch(batch: TrainBatch, group: list[int]) -> MicroBatch:
-    ids, pos, gather = [], [], []
-    offset = 0
-    for local, i in enumerate(group):
-        tokens, p, n = _sequence_tokens(batch, i)
-        ids.append(tokens)
-        pos.append(torch.arange(len(tokens)))
-        gather.append((0, offset + p - 1, local, n))
-        offset += len(tokens)
-    input_ids = torch.cat(ids)[None]
-    return _finish(input_ids, torch.cat(pos)[None], group, gather)
+def _packed_micro_batch(batch: TrainBatch, rows: list[list[int]]) -> MicroBatch:
+    width = max(int(batch.total_lens[row].sum()) for row in rows)
+    input_ids = torch.zeros(len(rows), width, dtype=torch.long)
+    # Padding at a row's end continues the last sequence's positions: nothing attends to it.
+    position_ids = torch.arange(width).expand(len(rows), width).clone()
+    group, gather = [], []
+    for r, row in enumerate(rows):
+        offset = 0
+        for i in row:
+            tokens, p, n = _sequence_tokens(batch, i)
+            input_ids[r, offset : offset + len(tokens)] = tokens
+            position_ids[r, offset:] = torch.arange(width - offset)
+            gather.append((r, offset + p - 1, len(group), n))
+            group.append(i)
+            offset += len(tokens)
+    return _finish(input_ids, position_ids, group, gather)
 
 
 def _padded_micro_batch(batch: TrainBatch, group: list[int]) -> MicroBatch:

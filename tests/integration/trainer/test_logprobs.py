@@ -6,7 +6,7 @@ import pytest
 import torch
 from trainer_helpers import make_batch
 
-from tir_rl.batch import Packing
+from tir_rl.batch import Packing, plan_micro_batches
 from tir_rl.mismatch import mismatch_metrics
 
 
@@ -75,12 +75,14 @@ def test_packed_bucketed_and_padded_logprobs_agree(make_trainer, budget):
 
 
 def test_packed_rows_hold_several_sequences_without_cross_attention(make_trainer):
-    """Two sequences in one row give the logprobs they get alone."""
-    batch = make_batch(seed=5, shapes=((4, [6]), (5, [3, 4])))
+    """Sequences sharing a row give the logprobs they get alone."""
+    batch = make_batch(seed=5, shapes=((8, [20, 6]), (4, [6]), (5, [3, 4])))
+    plans = plan_micro_batches(batch, 4096, Packing.PACKED)
+    assert any(int((row == 0).sum()) >= 2 for mb in plans for row in mb.position_ids)
     trainer = make_trainer(packing=Packing.PACKED, micro_batch_tokens=4096)
     together = trainer.compute_logprobs(batch)
     alone = torch.zeros_like(together)
-    for i in range(2):
+    for i in range(batch.num_sequences):
         single = batch.select([i])
         alone[i, : single.completion_ids.shape[1]] = trainer.compute_logprobs(single)[0]
     assert torch.allclose(together, alone, atol=1e-5, rtol=0)
