@@ -93,3 +93,14 @@ def test_partial_section_keeps_the_defaults_of_the_field():
 
     cfg = config.load(Top, None, ["engine.dtype=float16"])
     assert cfg.engine == Engine(model_path="bundled", dtype="float16")
+
+
+def test_every_shipped_config_loads():
+    from tir_rl.run_config import RunConfig
+
+    root = Path(__file__).resolve().parents[2] / "configs"
+    files = sorted(root.glob("*.yaml"))
+    assert len(files) >= 3
+    for path in files:
+        cfg = config.load(RunConfig, path)
+        assert cfg.engine.model_path == cfg.model == cfg.trainer.model, path
