@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from tir_rl.errors import TirError
 
@@ -138,7 +138,7 @@ def _cmd_sandbox(args: argparse.Namespace) -> int:
 def _cmd_rollout(args: argparse.Namespace) -> int:
     from tir_rl.rollout_report import run_rollout_command
 
-    run_rollout_command(
+    trajectories = run_rollout_command(
         args.config,
         args.set,
         num=args.num,
@@ -147,18 +147,47 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
         out=args.out,
         max_chars=args.max_chars,
     )
+    if args.html:
+        from pathlib import Path
+
+        from transformers import AutoTokenizer
+
+        from tir_rl.config import load
+        from tir_rl.models import resolve_model
+        from tir_rl.run_config import RunConfig
+        from tir_rl.viewer import render_html
+
+        model = load(RunConfig, args.config, args.set).model
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(model))
+        Path(args.html).write_text(render_html(trajectories, tokenizer, title="tir-rl rollout"))
+        print(f"viewer: {args.html}")
     return 0
 
 
-def _not_yet(what: str, issue: int) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        raise TirError(
-            f"`tir-rl {what}` is not available in this version yet (tracked in issue {issue}). "
-            "The set-up (environment, bundled model) is complete: "
-            "`tir-rl models prepare` and the test suite work."
-        )
+def _cmd_view(args: argparse.Namespace) -> int:
+    from pathlib import Path
 
-    return run
+    from transformers import AutoTokenizer
+
+    from tir_rl.config import load
+    from tir_rl.models import resolve_model
+    from tir_rl.run_config import RunConfig
+    from tir_rl.viewer import render_saved
+
+    source = Path(args.source)
+    run_dir = source if source.is_dir() else source.parent
+    jsonl = source / "trajectories.jsonl" if source.is_dir() else source
+    if not jsonl.is_file():
+        raise TirError(f"{jsonl} does not exist: give a run folder or a trajectories JSONL file")
+    config_path = run_dir / "config.yaml"
+    model = args.model or (load(RunConfig, config_path).model if config_path.is_file() else None)
+    if model is None:
+        raise TirError("no config.yaml beside the trajectories: give --model (e.g. bundled)")
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(model))
+    out = Path(args.html or run_dir / "trajectories.html")
+    out.write_text(render_saved(jsonl, tokenizer))
+    print(f"viewer: {out}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -216,7 +245,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
     p.add_argument("--out", metavar="FILE.jsonl", help="also save the trajectories as JSONL")
     p.add_argument("--max-chars", type=int, default=300, help="cut texts to this (0: full)")
+    p.add_argument("--html", metavar="FILE", help="also write the episodes as an HTML page")
     p.set_defaults(func=_cmd_rollout)
+
+    p = sub.add_parser(
+        "view",
+        help="render a run's saved trajectories as HTML (tokens coloured by mismatch)",
+        epilog="examples:\n  tir-rl view runs/quickstart            # -> runs/quickstart/"
+        "trajectories.html\n  tir-rl view episodes.jsonl --model bundled --html out.html\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("source", help="a run folder or a trajectories JSONL file")
+    p.add_argument("--html", metavar="FILE", help="output page (default: beside the source)")
+    p.add_argument("--model", help="model whose tokenizer decodes the ids (default: the run's)")
+    p.set_defaults(func=_cmd_view)
 
     p = sub.add_parser(
         "doctor",
