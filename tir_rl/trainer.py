@@ -365,7 +365,7 @@ class Trainer:
                 "train/mismatch_s": t_mismatch - t_logprobs,
                 "train/backward_s": t_backward - t_mismatch,
                 "train/step_s": t_end - t_start,
-                "train/tokens_per_s": 2 * num_tokens_computed / max(t_end - t_start, 1e-9),
+                "train/tokens_per_s": num_tokens_computed / max(t_end - t_start, 1e-9),
             }
         )
         self.step += 1
