@@ -20,14 +20,15 @@ FAKE_ENV_ID = "tests/FakeParityReward-v0"
 
 
 class FakeParityRewardEnv(MultiHopEnv):
-    """MultiHop prompts, but every turn ends the episode with reward = (text length even).
+    """MultiHop prompts, but every turn ends the episode with a reward hashed from its text.
 
     A random tiny model never answers MultiHop, so every group would be degenerate and the
-    gradient zero; this reward varies within groups, so the whole update path runs.
+    gradient zero; this reward differs between samples of a group (unless two texts hash
+    alike, ~1/97), so the whole update path runs.
     """
 
     def step(self, action):
-        reward = float(len(action.content) % 2 == 0)
+        reward = (sum(map(ord, action.content)) % 97) / 97
         return [], reward, True, False, None
 
 
@@ -75,9 +76,9 @@ def test_training_writes_readable_run_outputs(trained):
     rows = read_metrics(run_dir / "metrics.jsonl")
     train_rows = [r for r in rows if "train/grad_norm" in r]
     assert [r["step"] for r in train_rows] == [1, 2]
+    assert any(row["train/grad_norm"] > 0 for row in train_rows)
     for row in train_rows:
         assert row["train/skipped"] == 0.0
-        assert row["train/grad_norm"] > 0
         assert "mismatch/k3_kl" in row and "mismatch/turn_0/kl" in row
         # fp32 sampler vs fp32 trainer on the same weights: the parity probe is tight
         assert row["sync/parity_max_abs_diff"] < 1e-3
