@@ -112,6 +112,7 @@ def main() -> None:
     parser.add_argument("--tokens-per-turn", type=int, default=32, help="T")
     parser.add_argument("--tool-delay-ms", type=float, default=50.0)
     parser.add_argument("--repeats", type=int, default=2, help="interleaved runs; best kept")
+    parser.add_argument("--block-size", type=int, default=None, help="engine KV block size")
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
@@ -134,6 +135,7 @@ def main() -> None:
         enable_prefix_caching=True,
         kv_cache_gib=1.0,
         max_num_seqs=max(64, b),
+        block_size=args.block_size,
     )
     with VLLMLocalEngine(config) as engine:
         rollout = Rollout(

@@ -95,6 +95,13 @@ class VLLMLocalEngine:
         """Fraction of device memory vLLM may use when `kv_cache_gib` is None."""
         max_num_seqs: int = 256
         """Most requests the engine schedules at once."""
+        block_size: int | None = None
+        """KV cache block size in tokens; None: vLLM's default (128 on CPU). Prefix caching
+        reuses whole blocks only, so multi-turn episodes with short turns re-prefill less
+        with smaller blocks (e.g. 32)."""
+        max_num_batched_tokens: int | None = None
+        """Token budget of one engine step; None: vLLM's default. Prompts beyond it are
+        prefilled in chunks."""
         allow_truncated_sampling: bool = False
         """Accept top-p / top-k requests (only with a correction configured for them)."""
         weights_dir: str | None = None
@@ -156,6 +163,11 @@ class VLLMLocalEngine:
             gpu_memory_utilization=c.gpu_memory_utilization,
             max_num_seqs=c.max_num_seqs,
             disable_log_stats=True,
+            **{
+                name: getattr(c, name)
+                for name in ("block_size", "max_num_batched_tokens")
+                if getattr(c, name) is not None
+            },
         )
         return AsyncLLM.from_engine_args(args)
 
