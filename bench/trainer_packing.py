@@ -53,6 +53,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--train", action="store_true", help="also time a full train_step")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--layouts", default="padded,bucketed,packed", help="order to time them in (first = base)"
+    )
     args = parser.parse_args()
 
     batch = make_batch(args.num_seqs, args.min_len, args.max_len, args.seed)
@@ -65,7 +68,7 @@ def main() -> None:
     trainer = Trainer(Trainer.Config(model=args.model, micro_batch_tokens=args.micro_batch_tokens))
     advantages = torch.linspace(-1, 1, batch.num_sequences)
     rows = []
-    for packing in (Packing.PADDED, Packing.BUCKETED, Packing.PACKED):
+    for packing in [Packing(name) for name in args.layouts.split(",")]:
         trainer.config.packing = packing
         plan = plan_micro_batches(batch, args.micro_batch_tokens, packing)
         computed = sum(mb.num_padded_tokens for mb in plan)
@@ -81,7 +84,8 @@ def main() -> None:
             step_s = time.perf_counter() - t0
         rows.append((packing.value, len(plan), computed, fwd_s, step_s))
 
-    base_fwd, base_step = rows[0][3], rows[0][4]
+    base = next((r for r in rows if r[0] == Packing.PADDED.value), rows[0])
+    base_fwd, base_step = base[3], base[4]
     print(
         f"{'layout':<10}{'passes':>7}{'computed tok':>14}{'recompute tok/s':>17}"
         f"{'ratio':>7}{'train_step tok/s':>18}{'ratio':>7}"
