@@ -117,7 +117,10 @@ class Trainer:
         """Parameter and compute dtype (float32 on the CPU; logprobs are always float32)."""
         packing: Packing = Packing.PACKED
         """`packed` (padding-free rows), `bucketed` (length-sorted padded micro-batches) or
-        `padded` (batch order, for comparison)."""
+        `padded` (batch order, for comparison). On the CPU with sdpa, packed rows need an
+        explicit block-diagonal mask, which sdpa serves with its math kernel (it keeps the
+        L_row² attention probabilities per layer for backward): packing wins on the no-grad
+        recompute, `bucketed` can win on the training pass (bench/trainer_packing.py)."""
         grad_checkpointing: bool = False
         """Recompute activations in backward to save memory."""
         attn_implementation: str = "sdpa"
