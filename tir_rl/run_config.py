@@ -48,6 +48,11 @@ class RunSection:
     """Sample trajectories saved per step to `trajectories.jsonl`."""
     plot_every: int = 1
     """Regenerate PNG plots every N steps."""
+    drop_degenerate_groups: bool = True
+    """Leave groups whose rewards are all equal out of the update (DAPO's dynamic sampling):
+    with `loss.kl_coef` 0 they carry no gradient, and keeping them only shrinks the step
+    through the token-mean normalizer and costs a backward pass. A step where every group
+    is degenerate makes no update but still logs the mismatch metrics."""
     parity_tolerance: float = 1e-3
     """Largest sampler/trainer logprob gap allowed on the probe after each weight sync."""
     seed: int = 0

@@ -178,6 +178,7 @@ class _TrainLoop:
         from tir_rl.batch import TrainBatch
         from tir_rl.grpo import group_advantages
         from tir_rl.metrics import save_trajectories
+        from tir_rl.mismatch import mismatch_metrics
         from tir_rl.runtime import task_specs
 
         cfg = self.config.run
@@ -198,7 +199,10 @@ class _TrainLoop:
         adv = group_advantages(rewards, groups, normalize_std=True)
         # Episodes that sampled nothing (e.g. the env failed to reset) carry no gradient;
         # they still count in their group's baseline above, as the failures they are.
-        trainable = [i for i, t in enumerate(trajectories) if t.num_model_tokens > 0]
+        sampled = [i for i, t in enumerate(trajectories) if t.num_model_tokens > 0]
+        trainable = sampled
+        if cfg.drop_degenerate_groups and self.config.loss.kl_coef == 0:
+            trainable = [i for i in sampled if not bool(adv.degenerate[i])]
         row = _rollout_metrics(trajectories, prefix="rollout")
         row["train/dropped_episodes"] = float(len(trajectories) - len(trainable))
         t1 = time.perf_counter()
@@ -209,6 +213,17 @@ class _TrainLoop:
             result = self.trainer.train_step(
                 batch, adv.advantages[trainable], old_logprobs=old_logprobs, guard=self.guard
             )
+        elif sampled:
+            # No group has a learning signal: no update, but keep watching the mismatch.
+            trainable = sampled
+            batch = TrainBatch.from_trajectories([trajectories[i] for i in sampled])
+            old_logprobs = self.trainer.compute_logprobs(batch)
+            row.update(
+                mismatch_metrics(
+                    old_logprobs, batch.sampler_logprobs, batch.loss_mask, batch.turn_ids
+                )
+            )
+            self._all_failed_steps = 0
         else:
             self._all_failed_steps += 1
             errors = [t.error for t in trajectories if t.error]
@@ -222,7 +237,7 @@ class _TrainLoop:
                     f"error: {errors[0] if errors else 'none recorded'}. Run `tir-rl rollout "
                     "--config ...` or `tir-rl doctor --config ...` to inspect the episodes."
                 )
-        if trainable:
+        if result is not None:
             self._all_failed_steps = 0
         t_train = time.perf_counter() - t1
 

@@ -95,6 +95,11 @@ class VLLMLocalEngine:
         """Fraction of device memory vLLM may use when `kv_cache_gib` is None."""
         max_num_seqs: int = 256
         """Most requests the engine schedules at once."""
+        cpu_reserved_cores: int | None = 0
+        """vLLM-CPU keeps this many cores for its frontend (`VLLM_CPU_NUM_OF_RESERVED_CPU`).
+        tir-rl alternates generation and training, so 0 lets generation use every core
+        (measured 1.45x tokens/s on 2 cores); None: vLLM's default (1). An explicitly set
+        environment variable wins."""
         block_size: int | None = None
         """KV cache block size in tokens; None: vLLM's default (128 on CPU). Prefix caching
         reuses whole blocks only, so multi-turn episodes with short turns re-prefill less
@@ -150,6 +155,9 @@ class VLLMLocalEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         c = self.config
+        if c.cpu_reserved_cores is not None:
+            # read by the engine core process, which inherits this environment
+            os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", str(c.cpu_reserved_cores))
         args = AsyncEngineArgs(
             model=str(self._model_path),
             dtype=c.dtype,

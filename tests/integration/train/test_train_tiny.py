@@ -134,3 +134,17 @@ def test_eval_and_doctor_on_the_trained_checkpoint(trained, tmp_path):
     assert findings["sampler vs trainer logprobs"].verdict is Verdict.PASS
     assert findings["incremental vs full render"].verdict is Verdict.PASS
     assert findings["parity probe (prompt logprobs)"].verdict is Verdict.PASS
+
+
+def test_steps_without_learning_signal_make_no_update_but_log_mismatch(tmp_path):
+    # A random tiny model never answers MultiHop: every group has reward 0 (degenerate).
+    config = tiny_config(
+        tmp_path, "run.steps=1", "run.eval_tasks=1", env_id="tir_rl/MultiHop-v0"
+    )
+    summary = run_train(config)
+    rows = [r for r in read_metrics(summary.run_dir / "metrics.jsonl") if "train/skipped" in r]
+    assert len(rows) == 1
+    assert rows[0]["train/skipped"] == 1.0
+    assert rows[0]["train/degenerate_groups"] == 2.0
+    assert "mismatch/k3_kl" in rows[0]
+    assert "sync/parity_max_abs_diff" not in rows[0]  # no update, so no weight sync
