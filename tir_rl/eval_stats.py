@@ -26,6 +26,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
+from tir_rl.metrics import finite_or_none
 from tir_rl.types import Role, RolloutStatus, Trajectory
 
 DEFAULT_NUM_BOOTSTRAP = 1000
@@ -144,7 +145,7 @@ class EvalReport:
 
     def to_json(self) -> str:
         """Indented JSON (non-finite numbers as null)."""
-        return json.dumps(_finite_or_none(self.to_dict()), indent=2, allow_nan=False)
+        return json.dumps(finite_or_none(self.to_dict()), indent=2, allow_nan=False)
 
 
 def build_report(
@@ -247,13 +248,3 @@ def format_table(report: EvalReport) -> str:
     for status, count in sorted(nonzero.items(), key=lambda kv: -kv[1]):
         lines.append(f"    {status:<24}{count:>6}")
     return "\n".join(lines)
-
-
-def _finite_or_none(value: object) -> object:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite_or_none(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite_or_none(v) for v in value]
-    return value

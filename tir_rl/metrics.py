@@ -166,7 +166,7 @@ def _truncate_after(path: Path, step: int) -> None:
     tmp = path.with_suffix(".jsonl.tmp")
     with tmp.open("w", encoding="utf-8") as f:
         for row in kept:
-            f.write(json.dumps(_finite_or_none(row), allow_nan=False) + "\n")
+            f.write(json.dumps(finite_or_none(row), allow_nan=False) + "\n")
     tmp.replace(path)
 
 
@@ -238,7 +238,7 @@ def save_trajectories(
             row: dict[str, Any] = {"step": int(step), **trajectory.to_dict()}
             if trainer_logprobs is not None:
                 row["trainer_logprobs"] = [float(x) for x in trainer_logprobs[i]]
-            f.write(json.dumps(_finite_or_none(row), allow_nan=False) + "\n")
+            f.write(json.dumps(finite_or_none(row), allow_nan=False) + "\n")
 
 
 def load_trajectories(path: Path | str) -> list[SavedTrajectory]:
@@ -292,12 +292,12 @@ def _nan_for_null(values: Iterable[float | None]) -> list[float]:
     return [math.nan if v is None else float(v) for v in values]
 
 
-def _finite_or_none(value: Any) -> Any:
+def finite_or_none(value: Any) -> Any:
     """Copy of a JSON-like value with every non-finite float replaced by None."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {k: _finite_or_none(v) for k, v in value.items()}
+        return {k: finite_or_none(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_finite_or_none(v) for v in value]
+        return [finite_or_none(v) for v in value]
     return value
