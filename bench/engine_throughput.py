@@ -12,21 +12,17 @@ import asyncio
 import time
 
 from tir_rl.engine import GenerateRequest, VLLMLocalEngine
-from tir_rl.models import TinyModelSpec, prepare_tiny_model
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny32", help="bundled | tiny32 | a checkpoint folder")
+    parser.add_argument("--model", default="tiny", help="bundled | tiny | a checkpoint folder")
     parser.add_argument("--num", type=int, default=32, help="requests in flight")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
-    model = args.model
-    if model == "tiny32":  # head size 32: the smallest the CPU attention kernel supports
-        model = str(prepare_tiny_model(TinyModelSpec(hidden_size=64, num_heads=2, num_kv_heads=1)))
     config = VLLMLocalEngine.Config(
-        model_path=model, max_model_len=1024, kv_cache_gib=1.0, max_num_seqs=max(args.num, 1)
+        model_path=args.model, max_model_len=1024, kv_cache_gib=1.0, max_num_seqs=max(args.num, 1)
     )
     prompt = [1, 504, 2462, 314, 253, 1789, 30, 198]
     requests = [
@@ -68,7 +64,8 @@ def main() -> None:
             wrapped.append(measure(lambda: asyncio.run(wrapped_all())))
     r, w = max(raw), max(wrapped)
     print(
-        f"model={model} requests={args.num} max_tokens={args.max_tokens} (best of {args.repeats})"
+        f"model={args.model} requests={args.num} max_tokens={args.max_tokens} "
+        f"(best of {args.repeats})"
     )
     print("| path | tokens/s | ratio |\n|---|---|---|")
     print(f"| AsyncLLM.generate (raw) | {r:.1f} | 1.00 |")

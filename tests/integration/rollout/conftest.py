@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from tir_rl.models import TinyModelSpec, prepare_tiny_model
+from tir_rl.models import prepare_tiny_model
 
-# vLLM's CPU attention supports head sizes 32, 64, 80, ...: the default tiny spec has 16.
-ROLLOUT_TINY_SPEC = TinyModelSpec(
-    hidden_size=64, intermediate_size=128, num_heads=2, num_kv_heads=1
-)
 MAX_MODEL_LEN = 2048
 
 
 @pytest.fixture(scope="session")
 def tiny_model_path():
-    return prepare_tiny_model(ROLLOUT_TINY_SPEC)
+    return prepare_tiny_model()
 
 
 @pytest.fixture(scope="session")
