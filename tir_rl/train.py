@@ -207,23 +207,23 @@ class _TrainLoop:
         row["train/dropped_episodes"] = float(len(trajectories) - len(trainable))
         t1 = time.perf_counter()
         result, old_logprobs, parity = None, None, None
-        if trainable:
-            batch = TrainBatch.from_trajectories([trajectories[i] for i in trainable])
-            old_logprobs = self.trainer.compute_logprobs(batch)
-            result = self.trainer.train_step(
-                batch, adv.advantages[trainable], old_logprobs=old_logprobs, guard=self.guard
-            )
-        elif sampled:
-            # No group has a learning signal: no update, but keep watching the mismatch.
-            trainable = sampled
-            batch = TrainBatch.from_trajectories([trajectories[i] for i in sampled])
-            old_logprobs = self.trainer.compute_logprobs(batch)
-            row.update(
-                mismatch_metrics(
-                    old_logprobs, batch.sampler_logprobs, batch.loss_mask, batch.turn_ids
-                )
-            )
+        # With no learning signal anywhere, still score what was sampled: the mismatch
+        # metrics are watched every step.
+        in_batch = trainable or sampled
+        if in_batch:
             self._all_failed_steps = 0
+            batch = TrainBatch.from_trajectories([trajectories[i] for i in in_batch])
+            old_logprobs = self.trainer.compute_logprobs(batch)
+            if trainable:
+                result = self.trainer.train_step(
+                    batch, adv.advantages[trainable], old_logprobs=old_logprobs, guard=self.guard
+                )
+            else:
+                row.update(
+                    mismatch_metrics(
+                        old_logprobs, batch.sampler_logprobs, batch.loss_mask, batch.turn_ids
+                    )
+                )
         else:
             self._all_failed_steps += 1
             errors = [t.error for t in trajectories if t.error]
@@ -237,8 +237,6 @@ class _TrainLoop:
                     f"error: {errors[0] if errors else 'none recorded'}. Run `tir-rl rollout "
                     "--config ...` or `tir-rl doctor --config ...` to inspect the episodes."
                 )
-        if result is not None:
-            self._all_failed_steps = 0
         t_train = time.perf_counter() - t1
 
         t2 = time.perf_counter()
@@ -265,7 +263,7 @@ class _TrainLoop:
             row["sync/parity_mean_abs_diff"] = parity.mean_abs_diff
         self.metrics.log(step + 1, row)
         if cfg.save_trajectories and old_logprobs is not None:
-            keep = trainable[: cfg.save_trajectories]
+            keep = in_batch[: cfg.save_trajectories]
             save_trajectories(
                 self.run_dir / "trajectories.jsonl",
                 [trajectories[i] for i in keep],
