@@ -60,6 +60,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "turn_tis": {"is_level": ISLevel.TURN, "is_cap": 2.0},
     "turn_mis": {"is_level": ISLevel.TURN, "is_cap": 2.0, "turn_mask": (0.5, 2.0)},
     "geo_rs_token_tis": {"is_level": ISLevel.TOKEN, "is_cap": 2.0, "geo_mask": (0.999, 1.001)},
+    "veto": {"veto_threshold": 1e-4},
 }
 _PRESETS["icepop"] = _PRESETS["token_mis"]
 PRESET_NAMES = tuple(sorted(_PRESETS))
@@ -143,8 +144,9 @@ class MismatchCorrection:
             """A named recipe, optionally with some fields overridden.
 
             Names: none (metrics only), token_tis, token_mis (= icepop), seq_tis, seq_mis,
-            geo_rs, turn_tis, turn_mis, geo_rs_token_tis (recommended for long-horizon
-            tool use, see docs/mismatch.md).
+            geo_rs, turn_tis, turn_mis, veto (reject sequences holding a token with
+            ρ < 1e-4), geo_rs_token_tis (recommended for long-horizon tool use, see
+            docs/mismatch.md).
             """
             if name not in _PRESETS:
                 raise ConfigError(

@@ -393,3 +393,15 @@ def test_default_config_only_measures():
     _, old, sampler, _, mask, turns = make_batch(noise=1.0)
     result = correction(old, sampler, mask, turns)
     assert torch.equal(result.loss_mask, mask) and torch.equal(result.weights, mask)
+
+
+def test_veto_preset_rejects_only_sequences_with_a_catastrophic_token() -> None:
+    cfg = Config.preset("veto")
+    sampler = torch.zeros(2, 3)
+    trainer = torch.zeros(2, 3)
+    trainer[1, 2] = -12.0  # ρ = e^-12 ≈ 6e-6 < 1e-4
+    mask = torch.ones(2, 3)
+    result = MismatchCorrection(cfg)(trainer, sampler, mask, torch.zeros(2, 3, dtype=torch.long))
+    assert result.loss_mask[0].tolist() == [1.0, 1.0, 1.0]
+    assert result.loss_mask[1].tolist() == [0.0, 0.0, 0.0]
+    assert result.stats.veto_fraction == 0.5
