@@ -81,8 +81,7 @@ class CollapseVerdict:
 
     @property
     def alert_lead_steps(self) -> int | None:
-        """Steps between the first alert and the collapse (None: no collapse or no alert
-        before it)."""
+        """Steps from the first alert to the collapse; None without both in that order."""
         if self.collapse_step is None or self.first_alert_step is None:
             return None
         if self.first_alert_step > self.collapse_step:
@@ -90,9 +89,9 @@ class CollapseVerdict:
         return self.collapse_step - self.first_alert_step
 
 
-def judge_run(rows: Sequence[dict[str, Any]], criteria: CollapseCriteria | None = None) -> (
-    CollapseVerdict
-):
+def judge_run(
+    rows: Sequence[dict[str, Any]], criteria: CollapseCriteria | None = None
+) -> CollapseVerdict:
     """Apply the collapse definition to a run's metric rows (each with a `step`)."""
     c = criteria or CollapseCriteria()
     train = _by_step(rows, REWARD_KEY)

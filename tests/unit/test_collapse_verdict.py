@@ -1,4 +1,5 @@
 import pytest
+
 from tir_rl.collapse_verdict import CollapseCriteria, judge_run
 from tir_rl.errors import ConfigError
 
