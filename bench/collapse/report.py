@@ -1,0 +1,211 @@
+"""Judge, plot and tabulate the runs of a collapse-lab folder.
+
+    python bench/collapse/report.py runs/collapse [--plots docs/collapse]
+
+Runs are the sub-folders `<setting>_s<seed>` holding a `metrics.jsonl`. Each run is judged
+with `tir_rl.collapse_verdict.judge_run` (collapse = gradient-norm spike and/or lasting
+reward drop; see its docstring). Prints a markdown table (also written to `report.md` in the
+runs folder) and writes PNG plots, one line per setting (mean over seeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import statistics
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from settings import CORRECTIONS  # noqa: E402
+
+from tir_rl.collapse_verdict import CollapseVerdict, judge_run  # noqa: E402
+from tir_rl.metrics import read_metrics  # noqa: E402
+
+_RUN = re.compile(r"^(?P<setting>.+)_s(?P<seed>\d+)$")
+_TURN = re.compile(r"^mismatch/turn_(\d+)/k3_kl$")
+ORDER = ("no_mismatch", "uncorrected", *CORRECTIONS)
+
+
+@dataclass
+class Run:
+    setting: str
+    seed: int
+    rows: list[dict[str, Any]]
+    verdict: CollapseVerdict
+
+
+def load_runs(root: Path) -> list[Run]:
+    """Every finished or partial run under `root`, judged."""
+    runs = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        match = _RUN.match(folder.name)
+        metrics = folder / "metrics.jsonl"
+        if match is None or not metrics.is_file():
+            continue
+        rows = read_metrics(metrics)
+        runs.append(Run(match["setting"], int(match["seed"]), rows, judge_run(rows)))
+    return runs
+
+
+def _values(rows: list[dict[str, Any]], key: str) -> dict[int, float]:
+    out = {}
+    for row in rows:
+        value = row.get(key)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            out[int(row["step"])] = float(value)
+    return out
+
+
+def _mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else math.nan
+
+
+def _fmt(value: float | None, spec: str = ".3f") -> str:
+    return "–" if value is None or not math.isfinite(value) else format(value, spec)
+
+
+def table(runs: list[Run]) -> str:
+    """One markdown row per setting (seeds pooled)."""
+    by_setting: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_setting[run.setting].append(run)
+    header = (
+        "| setting | collapsed | collapse step | first guard alert | alert lead | "
+        "reward peak → final | held-out before → after | mean k3 KL | max grad norm | "
+        "masked tokens |\n|---|---|---|---|---|---|---|---|---|---|"
+    )
+    lines = [header]
+    for setting in _ordered(by_setting):
+        group = by_setting[setting]
+        verdicts = [r.verdict for r in group]
+        collapsed = sum(v.collapsed for v in verdicts)
+        steps = [str(v.collapse_step) for v in verdicts if v.collapse_step is not None]
+        alerts = [str(v.first_alert_step) for v in verdicts if v.first_alert_step is not None]
+        leads = [str(v.alert_lead_steps) for v in verdicts if v.alert_lead_steps is not None]
+        k3 = _mean([_mean(list(_values(r.rows, "mismatch/k3_kl").values())) for r in group])
+        grad = max((max(_values(r.rows, "train/grad_norm").values(), default=math.nan)
+                    for r in group), default=math.nan)  # fmt: skip
+        masked = _mean([
+            _mean(list(_values(r.rows, "mismatch/correction/masked_token_fraction").values()))
+            for r in group
+        ])  # fmt: skip
+        before = _mean([v.heldout_before for v in verdicts if v.heldout_before is not None])
+        after = _mean([v.heldout_after for v in verdicts if v.heldout_after is not None])
+        lines.append(
+            f"| {setting} | {collapsed}/{len(group)} | {', '.join(steps) or '–'} | "
+            f"{', '.join(alerts) or '–'} | {', '.join(leads) or '–'} | "
+            f"{_mean([v.peak_reward for v in verdicts]):.3f} → "
+            f"{_mean([v.final_reward for v in verdicts]):.3f} | "
+            f"{_fmt(before)} → {_fmt(after)} | {_fmt(k3, '.2e')} | {_fmt(grad, '.3g')} | "
+            f"{_fmt(masked, '.3f')} |"
+        )
+    return "\n".join(lines)
+
+
+def _ordered(settings: Any) -> list[str]:
+    names = list(settings)
+    return sorted(names, key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
+
+
+def plot(runs: list[Run], out: Path) -> list[Path]:
+    """Overlay plots, one line per setting (mean over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    by_setting: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_setting[run.setting].append(run)
+    panels = (
+        ("rollout/reward_mean", "training reward (trailing mean of 3)", False, 3),
+        ("eval/pass_at_1", "held-out pass@1", False, 1),
+        ("train/grad_norm", "gradient norm (pre-clip)", True, 1),
+        ("mismatch/k3_kl", "mismatch k3 KL", True, 1),
+        ("train/entropy", "trainer entropy (nats/token)", False, 1),
+        ("mismatch/correction/masked_token_fraction", "masked token fraction", False, 1),
+    )
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    for ax, (key, title, log, smooth) in zip(axes.flat, panels, strict=True):
+        for setting in _ordered(by_setting):
+            steps, values = _mean_curve(by_setting[setting], key, smooth)
+            if steps:
+                style = "--" if setting in ("no_mismatch", "uncorrected") else "-"
+                ax.plot(steps, values, style, label=setting, marker="." if len(steps) < 4 else "")
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        if log:
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 9), fontsize=8)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    written = [out / "collapse_overview.png"]
+    fig.savefig(written[0], dpi=90)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for setting in _ordered(by_setting):
+        turns = _by_turn(by_setting[setting])
+        if turns:
+            ax.plot(list(turns), list(turns.values()), marker="o", label=setting)
+    ax.set_yscale("log")
+    ax.set_xlabel("assistant turn index")
+    ax.set_title("mismatch k3 KL by turn (mean over steps and seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    written.append(out / "collapse_by_turn.png")
+    fig.savefig(written[1], dpi=90)
+    plt.close(fig)
+    return written
+
+
+def _mean_curve(runs: list[Run], key: str, smooth: int) -> tuple[list[int], list[float]]:
+    per_step: dict[int, list[float]] = defaultdict(list)
+    for run in runs:
+        values = _values(run.rows, key)
+        steps = sorted(values)
+        for i, step in enumerate(steps):
+            window = [values[s] for s in steps[max(0, i - smooth + 1) : i + 1]]
+            per_step[step].append(statistics.fmean(window))
+    steps = sorted(per_step)
+    return steps, [statistics.fmean(per_step[s]) for s in steps]
+
+
+def _by_turn(runs: list[Run]) -> dict[int, float]:
+    per_turn: dict[int, list[float]] = defaultdict(list)
+    for run in runs:
+        for row in run.rows:
+            for key, value in row.items():
+                match = _TURN.match(key)
+                if match and isinstance(value, (int, float)) and math.isfinite(value):
+                    per_turn[int(match[1])].append(value)
+    return {t: statistics.fmean(v) for t, v in sorted(per_turn.items())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=Path, nargs="?", default=Path("runs/collapse"))
+    parser.add_argument("--plots", type=Path, default=None, help="default: <root>/plots")
+    args = parser.parse_args()
+    runs = load_runs(args.root)
+    if not runs:
+        raise SystemExit(f"no runs with metrics.jsonl under {args.root}")
+    text = table(runs)
+    print(text)
+    (args.root / "report.md").write_text(text + "\n")
+    for path in plot(runs, args.plots or args.root / "plots"):
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

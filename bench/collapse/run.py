@@ -1,0 +1,125 @@
+"""Run a collapse-lab suite, then write its report.
+
+    python bench/collapse/run.py                         # corrections suite, CPU-sized
+    python bench/collapse/run.py --suite sweep           # noise sweep, no correction
+    python bench/collapse/run.py --suite causes          # each real cause, no correction
+    python bench/collapse/run.py --gpu                   # GPU-sized (untested here)
+
+Each (setting, seed) is one `tir-rl train` process writing `runs/collapse/<setting>_s<seed>/`;
+finished runs are skipped, so an interrupted suite continues where it stopped. The SFT warm
+start (`tir-rl sft --config configs/sft_multihop.yaml`) runs first unless `--model` is given;
+it is skipped when its checkpoint already exists. The report (`report.py`) runs at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from settings import MISMATCHES, suite  # noqa: E402
+
+BASE = HERE / "base.yaml"
+SFT_CONFIG = HERE.parents[1] / "configs" / "sft_multihop.yaml"
+DONE = "DONE"
+
+GPU_SIZE = (
+    "run.steps=200",
+    "run.tasks_per_step=32",
+    "run.group_size=8",
+    "run.eval_every=20",
+    "run.eval_tasks=128",
+    "env.kwargs.horizon=12",
+    "rollout.max_turns=16",
+    "rollout.max_tokens_per_turn=96",
+    "rollout.max_context_tokens=8192",
+    "rollout.max_concurrent_episodes=256",
+    "engine.max_model_len=8192",
+    "engine.kv_cache_gib=20",
+    "trainer.lr=1.0e-6",
+    "trainer.micro_batch_tokens=32768",
+    "trainer.packing=packed",
+)
+"""GPU-sized overrides: longer horizon, bigger batch, more steps (docs/scale.md)."""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", default="corrections", help="corrections | sweep | causes")
+    parser.add_argument("--mismatch", default="noise", choices=sorted(MISMATCHES))
+    parser.add_argument("--noise-std", type=float, default=None, help="for --mismatch noise")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--only", default="", help="comma-separated setting names")
+    parser.add_argument("--model", default=None, help="skip the SFT warm start; use this model")
+    parser.add_argument("--out", type=Path, default=Path("runs/collapse"))
+    parser.add_argument("--gpu", action="store_true", help="GPU-sized runs")
+    parser.add_argument("--set", dest="extra", action="append", default=[],
+                        help="extra override for every run (repeatable)")  # fmt: skip
+    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    parser.add_argument("--no-report", action="store_true")
+    args = parser.parse_args()
+
+    settings = suite(args.suite, args.mismatch, args.noise_std)
+    if args.only:
+        wanted = set(args.only.split(","))
+        settings = [s for s in settings if s.name in wanted]
+    model = args.model or ("<sft>" if args.dry_run else warm_start())
+    size = GPU_SIZE if args.gpu else ()
+    failures = []
+    for seed in args.seeds:
+        for setting in settings:
+            name = f"{setting.name}_s{seed}"
+            run_dir = args.out / name
+            if (run_dir / DONE).is_file():
+                print(f"[collapse] {name}: done already, skipped", flush=True)
+                continue
+            overrides = [
+                f"model={model}", f"run.name={name}", f"run.out_dir={args.out}",
+                f"run.seed={seed}", *size, *setting.overrides, *args.extra,
+            ]  # fmt: skip
+            cmd = ["tir-rl", "train", "--config", str(BASE)]
+            for item in overrides:
+                cmd += ["--set", item]
+            print(f"[collapse] {name}: {setting.what}\n  {' '.join(cmd)}", flush=True)
+            if args.dry_run:
+                continue
+            if run_dir.exists():  # an unfinished attempt: start it again from scratch
+                shutil.rmtree(run_dir)
+            run_dir.mkdir(parents=True)
+            started = time.perf_counter()
+            with open(run_dir / "train.log", "w") as log:
+                code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+            took = time.perf_counter() - started
+            if code == 0:
+                (run_dir / DONE).write_text(f"{took:.1f} s\n")
+                print(f"[collapse] {name}: finished in {took:.0f} s", flush=True)
+            else:
+                failures.append(name)
+                print(f"[collapse] {name}: FAILED (exit {code}), see {run_dir}/train.log")
+    if not args.dry_run and not args.no_report:
+        subprocess.call([sys.executable, str(HERE / "report.py"), str(args.out)])
+    if failures:
+        raise SystemExit(f"failed runs: {', '.join(failures)}")
+
+
+def warm_start() -> str:
+    """Run (or reuse) the SFT warm start and return its checkpoint folder."""
+    out = subprocess.run(
+        ["tir-rl", "sft", "--config", str(SFT_CONFIG)], check=True, stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    print(out.stdout, end="")
+    path = out.stdout.strip().splitlines()[-1].strip()
+    if not Path(path).is_dir():
+        raise SystemExit(f"tir-rl sft did not print a checkpoint folder last; got {path!r}")
+    return path
+
+
+if __name__ == "__main__":
+    main()
