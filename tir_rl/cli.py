@@ -26,6 +26,7 @@ _EPILOG_TRAIN = """examples:
   tir-rl train --config configs/quickstart.yaml
   tir-rl train --config configs/quickstart.yaml --set run.steps=20 --set trainer.lr=2e-6
   tir-rl train --resume runs/quickstart            # continue from the newest checkpoint
+  tir-rl train --nproc-per-node 2 --config configs/fsdp2_cpu.yaml   # FSDP2, 2 processes
 outputs (runs/NAME/): config.yaml, metrics.jsonl, tensorboard/, trajectories.jsonl,
   plots/*.png, eval_step_N.json, checkpoints/step_N/ (HF model + optimizer + RNG + step)
 """
@@ -41,6 +42,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from tir_rl.run_config import RunConfig
     from tir_rl.train import load_resume_config, run_train
 
+    if args.nproc_per_node > 1:
+        from tir_rl.train import exec_under_torchrun
+
+        exec_under_torchrun(
+            args.nproc_per_node, args.config, args.set, resume=args.resume, verbose=args.verbose
+        )
     if args.resume:
         config = load_resume_config(args.resume, args.set)
     elif args.config:
@@ -48,6 +55,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     else:
         raise TirError("give --config FILE (e.g. configs/quickstart.yaml) or --resume RUN_DIR")
     summary = run_train(config, resume=bool(args.resume))
+    if summary.rank != 0:
+        return 130 if summary.interrupted else 0
     before, after = summary.accuracy_before, summary.accuracy_after
     print(f"run folder: {summary.run_dir}")
     print(f"steps done: {summary.steps_done} in {summary.wall_time_s:.0f} s"
@@ -208,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="YAML run config, e.g. configs/quickstart.yaml")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
+                   help="train with N FSDP2 processes (re-runs itself under torchrun)")
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser(

@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 import os
 import socket
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from enum import StrEnum
 
@@ -274,3 +275,49 @@ def load_full_optimizer_state_dict(
 
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=is_initialized())
     set_optimizer_state_dict(model, optimizer, optim_state_dict=dict(state), options=options)
+
+
+def scatter_object(parts: Sequence[object] | None, src: int = 0) -> object:
+    """Rank `src` hands `parts[r]` to rank r (one picklable object each); others pass None.
+
+    Without a process group this returns `parts[0]`.
+    """
+    if not is_initialized():
+        assert parts is not None and len(parts) == 1, "one part per rank"
+        return parts[0]
+    if rank() == src:
+        assert parts is not None and len(parts) == world_size(), "one part per rank"
+    out: list[object] = [None]
+    dist.scatter_object_list(out, list(parts) if rank() == src else None, src=src)
+    return out[0]
+
+
+def rank0_gather_object(obj: object) -> list[object]:
+    """Every rank's picklable `obj` in rank order, on rank 0; `[]` on other ranks."""
+    if not is_initialized():
+        return [obj]
+    out: list[object] | None = [None] * world_size() if is_rank0() else None
+    dist.gather_object(obj, out, dst=0)
+    return out if out is not None else []
+
+
+def even_split(n: int, parts: int) -> list[range]:
+    """`range(n)` cut into `parts` contiguous pieces whose sizes differ by at most one."""
+    assert parts >= 1, "at least one part"
+    base, extra = divmod(n, parts)
+    bounds = [0]
+    for r in range(parts):
+        bounds.append(bounds[-1] + base + (r < extra))
+    return [range(bounds[r], bounds[r + 1]) for r in range(parts)]
+
+
+def torchrun_command(nproc_per_node: int, module: str, args: Sequence[str]) -> list[str]:
+    """`python -m torch.distributed.run` starting `nproc_per_node` local ranks of `module`.
+
+    Single-node (`--standalone`: a free rendezvous port is picked); each rank runs
+    `python -m module *args`.
+    """
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc-per-node={nproc_per_node}", "-m", module, *args,
+    ]  # fmt: skip

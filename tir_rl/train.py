@@ -15,32 +15,51 @@
 Every step writes `metrics.jsonl` (+ TensorBoard), sample trajectories and plots to the run
 folder; held-out accuracy is measured before training, every `run.eval_every` steps and at
 the end. Ctrl-C saves a checkpoint and stops cleanly; `resume` continues from the newest one.
+
+Under `torchrun` (world size W > 1) rank 0 owns the runtime (engine, envs, sandbox), eval,
+metrics, plots, trajectories and the progress bar; every rank holds an FSDP2 shard of the
+trainer. Each step rank 0 scatters the batch (about B/W sequences and their advantages per
+rank, `distributed.scatter_object`); the loss normalizer is a global token count, so the step
+equals the world-size-1 step. Rank-0-only work (rollouts, eval, engine sync) runs inside
+`_TrainLoop._share`, which also hands its failure to the other ranks (Ctrl-C, ParityError,
+any error), so every rank reaches the same collective checkpoint; outside it rank 0 defers
+Ctrl-C and the other ranks ignore it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
+import os
+import signal
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
 from tir_rl import checkpoint
+from tir_rl import distributed as tdist
 from tir_rl.config import dump, load
 from tir_rl.errors import ConfigError, ParityError, TirError
 from tir_rl.run_config import RunConfig
 from tir_rl.types import Trajectory
+
+if TYPE_CHECKING:
+    from tir_rl.batch import TrainBatch
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
 _SEED_STRIDE = 1_000_003
 _MAX_FAILED_STEPS = 3
+_COLLECTIVE_TIMEOUT_S = 6 * 3600.0
+"""Multi-rank runs: how long ranks > 0 wait on rank 0 (rollouts and eval take minutes)."""
 
 
 @dataclass
@@ -55,6 +74,8 @@ class TrainSummary:
     stopped_by_guard: bool = False
     wall_time_s: float = 0.0
     checkpoints: list[Path] = field(default_factory=list)
+    rank: int = 0
+    """This process's rank; only rank 0 measures the accuracies."""
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -73,7 +94,22 @@ def load_resume_config(run_dir: Path, overrides: list[str]) -> RunConfig:
 
 
 def run_train(config: RunConfig, *, resume: bool = False) -> TrainSummary:
-    """Train `config.model` with GRPO on `config.env`; see the module docstring."""
+    """Train `config.model` with GRPO on `config.env`; see the module docstring.
+
+    Under torchrun (`WORLD_SIZE` > 1) every rank calls this; it creates the process group
+    (and destroys it at the end) unless one exists already.
+    """
+    owns_group = not tdist.is_initialized() and tdist.init_process_group(
+        device=_collective_device(config), timeout_s=_COLLECTIVE_TIMEOUT_S
+    )
+    try:
+        return _run_train(config, resume=resume)
+    finally:
+        if owns_group:
+            tdist.destroy_process_group()
+
+
+def _run_train(config: RunConfig, *, resume: bool) -> TrainSummary:
     from tir_rl.runtime import open_runtime
 
     run_dir = config.run_dir
@@ -82,14 +118,148 @@ def run_train(config: RunConfig, *, resume: bool = False) -> TrainSummary:
             f"{run_dir} already holds checkpoints. Continue it with `tir-rl train --resume "
             f"{run_dir}`, or pick another name with --set run.name=NEW."
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    dump(config, run_dir / "config.yaml")
+    rank0 = tdist.is_rank0()
+    if rank0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        dump(config, run_dir / "config.yaml")
+    if tdist.world_size() > 1 and rank0 and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+        # In process, vLLM would take the trainer's process group for its own.
+        logger.warning("VLLM_ENABLE_V1_MULTIPROCESSING=0 ignored: multi-rank runs need 1")
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     started = time.perf_counter()
-    with open_runtime(config) as runtime:
+    with open_runtime(config) if rank0 else contextlib.nullcontext() as runtime:
         loop = _TrainLoop(config, runtime, resume=resume)
         summary = loop.run()
     summary.wall_time_s = time.perf_counter() - started
     return summary
+
+
+def exec_under_torchrun(
+    nproc_per_node: int,
+    config: str | None,
+    overrides: list[str],
+    *,
+    resume: str | None = None,
+    verbose: bool = False,
+) -> NoReturn:
+    """Replace this process by `torchrun --standalone --nproc-per-node N -m tir_rl.cli train`.
+
+    The ranks get the same `--config`, `--set` and `--resume` arguments. Unless
+    `OMP_NUM_THREADS` is set, each rank gets `cores // N` torch threads.
+
+    Raises:
+        ConfigError: already running under torchrun.
+    """
+    if "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ:
+        raise ConfigError("--nproc-per-node starts torchrun itself; under torchrun, drop it.")
+    args = [*(["-v"] if verbose else []), "train"]
+    args += ["--config", config] if config else []
+    args += ["--resume", resume] if resume else []
+    for override in overrides:
+        args += ["--set", override]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (cores or 1) // nproc_per_node)))
+    command = tdist.torchrun_command(nproc_per_node, "tir_rl.cli", args)
+    logger.info("running %s", " ".join(command))
+    os.execv(command[0], command)
+
+
+def _collective_device(config: RunConfig) -> torch.device:
+    if config.trainer.device != "cpu" and torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+@dataclass
+class _StepWork:
+    """What one rank gets from rank 0 for a step: its share of the batch, or none."""
+
+    batch: TrainBatch | None
+    """This rank's sequences; None when no episode of the step sampled a token."""
+    advantages: torch.Tensor | None
+    """[b] advantages of `batch`; None when the step only scores the batch (no signal)."""
+    first_error: str = ""
+    """The first episode error of a step without any sampled token."""
+
+
+@dataclass
+class _StepPlan:
+    """Rank 0's view of a step after its rollouts."""
+
+    trajectories: list[Trajectory]
+    in_batch: list[int]
+    """Indices of the trajectories in the batch (scored, and trained on when they carry signal)."""
+    batch: TrainBatch | None
+    row: dict[str, float]
+    num_degenerate_groups: int
+
+
+@dataclass
+class _Failure:
+    """An exception of rank 0's, in the form the other ranks re-raise it."""
+
+    kind: str
+    """`interrupt`, `parity` or `error`."""
+    message: str
+
+    @classmethod
+    def of(cls, exc: BaseException) -> _Failure:
+        kind = "error"
+        if isinstance(exc, KeyboardInterrupt):
+            kind = "interrupt"
+        elif isinstance(exc, ParityError):
+            kind = "parity"
+        return cls(kind, f"{type(exc).__name__}: {exc}")
+
+    def raise_(self) -> NoReturn:
+        if self.kind == "interrupt":
+            raise KeyboardInterrupt
+        if self.kind == "parity":
+            raise ParityError(self.message)
+        raise TirError(f"rank 0 failed: {self.message}")
+
+
+class _InterruptGate:
+    """Rank 0 of a multi-rank run: Ctrl-C raises only inside `open()` (rank-0-only work).
+
+    Elsewhere the other ranks may be inside a collective with rank 0; an interrupt there is
+    remembered and raised when the next `open()` section starts.
+    """
+
+    def __init__(self) -> None:
+        self.pending = False
+
+    def _defer(self, signum: int, frame: Any) -> None:
+        self.pending = True
+        logger.warning("interrupt: checkpoint and stop when the ranks are in step")
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[_InterruptGate]:
+        previous = signal.signal(signal.SIGINT, self._defer)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    @contextlib.contextmanager
+    def open(self) -> Iterator[None]:
+        if self.pending:
+            raise KeyboardInterrupt
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, self._defer)
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Ranks > 0: Ctrl-C is rank 0's to act on (it tells the others through `_share`)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class _TrainLoop:
@@ -106,6 +276,9 @@ class _TrainLoop:
         self.config = config
         self.runtime = runtime
         self.run_dir = config.run_dir
+        self.world = tdist.world_size()
+        self.rank0 = tdist.is_rank0()
+        self._gate: _InterruptGate | None = None
         self.trainer = Trainer(
             config.trainer,
             loss_fn=GRPOLoss(config.loss),
@@ -115,9 +288,11 @@ class _TrainLoop:
         if guard_config.save_dir is None:
             guard_config.save_dir = self.run_dir / "alerts"
         self.guard = CollapseGuard(guard_config)
-        self.train_env = env_factory(config.env, config.env.train_split)
-        self.eval_env = env_factory(config.env, config.env.eval_split)
-        self.probe_ids = probe_ids_from_text(runtime.tokenizer)
+        if self.rank0:
+            self.train_env = env_factory(config.env, config.env.train_split)
+            self.eval_env = env_factory(config.env, config.env.eval_split)
+        probe_ids = probe_ids_from_text(runtime.tokenizer) if self.rank0 else None
+        self.probe_ids: list[int] = tdist.broadcast_object(probe_ids)  # type: ignore[assignment]
         self.start_step = 0
         if resume:
             ckpt = latest_checkpoint(self.run_dir)
@@ -127,41 +302,59 @@ class _TrainLoop:
             self.start_step = int(state.step)
             logger.info("resumed from %s (step %d)", ckpt, self.start_step)
             self._sync_weights()
-        self.metrics = MetricsLogger(
-            MetricsLogger.Config(
-                run_dir=self.run_dir, resume_after_step=self.start_step if resume else None
+        self.metrics = (
+            MetricsLogger(
+                MetricsLogger.Config(
+                    run_dir=self.run_dir, resume_after_step=self.start_step if resume else None
+                )
             )
+            if self.rank0
+            else None
         )
-        self.summary = TrainSummary(self.run_dir, self.start_step)
+        self.summary = TrainSummary(self.run_dir, self.start_step, rank=tdist.rank())
         self._all_failed_steps = 0
 
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> TrainSummary:
+        with self._signals():
+            return self._run()
+
+    def _signals(self) -> contextlib.AbstractContextManager[Any]:
+        if self.world == 1:
+            return contextlib.nullcontext()
+        if not self.rank0:
+            return _sigint_ignored()
+        self._gate = _InterruptGate()
+        return self._gate.installed()
+
+    def _run(self) -> TrainSummary:
         from tqdm import tqdm
 
         cfg = self.config.run
         try:
-            self.summary.accuracy_before = self._evaluate(self.start_step, "before")
-            bar = tqdm(range(self.start_step, cfg.steps), desc="train", unit="step")
-            for step in bar:
+            self.summary.accuracy_before = self._evaluate_shared(self.start_step, "before")
+            steps = range(self.start_step, cfg.steps)
+            bar = tqdm(steps, desc="train", unit="step") if self.rank0 else None
+            for step in bar if bar is not None else steps:
                 row, stop = self._step(step)
                 self.summary.steps_done = step + 1
-                bar.set_postfix(
-                    reward=f"{row['rollout/reward_mean']:.3f}",
-                    kl=f"{row.get('mismatch/kl', float('nan')):.1e}",
-                    tok_s=f"{row['perf/rollout_tokens_per_s']:.0f}",
-                )
+                if bar is not None:
+                    bar.set_postfix(
+                        reward=f"{row['rollout/reward_mean']:.3f}",
+                        kl=f"{row.get('mismatch/kl', float('nan')):.1e}",
+                        tok_s=f"{row['perf/rollout_tokens_per_s']:.0f}",
+                    )
                 done = step + 1
                 if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
-                    self._evaluate(done, "periodic")
+                    self._evaluate_shared(done, "periodic")
                 if cfg.checkpoint_every and done % cfg.checkpoint_every == 0:
                     self._checkpoint(done)
                 if stop:
                     logger.warning("collapse guard asked to stop at step %d", step)
                     self.summary.stopped_by_guard = True
                     break
-            self.summary.accuracy_after = self._evaluate(self.summary.steps_done, "after")
+            self.summary.accuracy_after = self._evaluate_shared(self.summary.steps_done, "after")
         except KeyboardInterrupt:
             logger.warning("interrupted: saving a checkpoint at step %d", self.summary.steps_done)
             self.summary.interrupted = True
@@ -170,89 +363,103 @@ class _TrainLoop:
             raise
         finally:
             self._checkpoint(self.summary.steps_done)
-            self.metrics.close()
-            self._plots()
+            if self.metrics is not None:
+                self.metrics.close()
+                self._plots()
         return self.summary
 
+    def _share(self, fn: Callable[[], tuple[Any, list[Any]]]) -> tuple[Any, Any]:
+        """Run `fn` on rank 0 only; rank r gets item r of its list, rank 0 also the rest.
+
+        `fn` returns `(kept, parts)` with one part per rank. When `fn` raises on rank 0,
+        every rank raises its kind (KeyboardInterrupt, ParityError, else TirError), so all
+        ranks reach the collective checkpoint of `run` together.
+
+        Returns:
+            `(kept, parts[rank])`; `kept` is None on ranks > 0.
+        """
+        if self.world == 1:
+            kept, parts = fn()
+            return kept, parts[0]
+        if self.rank0:
+            try:
+                with self._gate.open() if self._gate is not None else contextlib.nullcontext():
+                    kept, parts = fn()
+            except BaseException as exc:
+                tdist.scatter_object([_Failure.of(exc)] * self.world)
+                raise
+            return kept, tdist.scatter_object(parts)
+        part = tdist.scatter_object(None)
+        if isinstance(part, _Failure):
+            part.raise_()
+        return None, part
+
+    def _evaluate_shared(self, step: int, when: str) -> float | None:
+        accuracy, _ = self._share(lambda: (self._evaluate(step, when), [None] * self.world))
+        return accuracy
+
     def _step(self, step: int) -> tuple[dict[str, float], bool]:
-        from tir_rl.batch import TrainBatch
-        from tir_rl.grpo import group_advantages
         from tir_rl.metrics import save_trajectories
         from tir_rl.mismatch import mismatch_metrics
-        from tir_rl.runtime import task_specs
 
         cfg = self.config.run
-        t0 = time.perf_counter()
-        base = cfg.seed * _SEED_STRIDE + step * cfg.tasks_per_step
-        specs = task_specs(
-            self.train_env,
-            num_tasks=cfg.tasks_per_step,
-            group_size=cfg.group_size,
-            first_group_id=step * cfg.tasks_per_step,
-            seed_of=lambda i: base + i,
-        )
-        trajectories = self.runtime.run_episodes(specs)
-        t_rollout = time.perf_counter() - t0
-
-        rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
-        groups = torch.tensor([t.group_id for t in trajectories], dtype=torch.long)
-        adv = group_advantages(rewards, groups, normalize_std=True)
-        # Episodes that sampled nothing (e.g. the env failed to reset) carry no gradient;
-        # they still count in their group's baseline above, as the failures they are.
-        sampled = [i for i, t in enumerate(trajectories) if t.num_model_tokens > 0]
-        trainable = sampled
-        if cfg.drop_degenerate_groups and self.config.loss.kl_coef == 0:
-            trainable = [i for i in sampled if not bool(adv.degenerate[i])]
-        row = _rollout_metrics(trajectories, prefix="rollout")
-        row["train/dropped_episodes"] = float(len(trajectories) - len(trainable))
+        plan, work = self._share(lambda: self._rollouts(step))
         t1 = time.perf_counter()
-        result, old_logprobs, parity = None, None, None
-        # With no learning signal anywhere, still score what was sampled: the mismatch
-        # metrics are watched every step.
-        in_batch = trainable or sampled
-        if in_batch:
+        result, local_logprobs, parity = None, None, None
+        if work.batch is not None:
             self._all_failed_steps = 0
-            batch = TrainBatch.from_trajectories([trajectories[i] for i in in_batch])
-            old_logprobs = self.trainer.compute_logprobs(batch)
-            if trainable:
+            local_logprobs = self.trainer.compute_logprobs(work.batch)
+            if work.advantages is not None:
                 result = self.trainer.train_step(
-                    batch, adv.advantages[trainable], old_logprobs=old_logprobs, guard=self.guard
-                )
-            else:
-                row.update(
-                    mismatch_metrics(
-                        old_logprobs, batch.sampler_logprobs, batch.loss_mask, batch.turn_ids
-                    )
+                    work.batch, work.advantages, old_logprobs=local_logprobs, guard=self.guard
                 )
         else:
             self._all_failed_steps += 1
-            errors = [t.error for t in trajectories if t.error]
-            logger.warning(
-                "step %d: no episode sampled any token; skipping the update. First error: %s",
-                step, errors[0] if errors else "none recorded",
-            )  # fmt: skip
+            if self.rank0:
+                logger.warning(
+                    "step %d: no episode sampled any token; skipping the update. First error: %s",
+                    step, work.first_error or "none recorded",
+                )  # fmt: skip
             if self._all_failed_steps >= _MAX_FAILED_STEPS:
                 raise TirError(
                     f"{_MAX_FAILED_STEPS} steps in a row produced no trainable episode. First "
-                    f"error: {errors[0] if errors else 'none recorded'}. Run `tir-rl rollout "
+                    f"error: {work.first_error or 'none recorded'}. Run `tir-rl rollout "
                     "--config ...` or `tir-rl doctor --config ...` to inspect the episodes."
                 )
+        # Identical on every rank (global metrics); rank 0's verdict is taken all the same.
+        updated, stop = tdist.broadcast_object(
+            (result is not None and not result.skipped, result is not None and result.stop)
+        )  # type: ignore[misc]
+        old_logprobs = self._gather_logprobs(plan, local_logprobs)
         t_train = time.perf_counter() - t1
 
         t2 = time.perf_counter()
-        if result is not None and not result.skipped:
+        if updated:
             parity = self._sync_weights()
         t_sync = time.perf_counter() - t2
+        if not self.rank0:
+            return {}, stop
 
+        row = plan.row
+        trajectories, in_batch = plan.trajectories, plan.in_batch
+        if plan.batch is not None and result is None:
+            # With no learning signal anywhere, still score what was sampled: the mismatch
+            # metrics are watched every step.
+            batch = plan.batch
+            row.update(
+                mismatch_metrics(
+                    old_logprobs, batch.sampler_logprobs, batch.loss_mask, batch.turn_ids
+                )
+            )
         if result is not None:
             row.update(result.metrics)
+        t_rollout = row["perf/rollout_s"]
         row.update(
             {
                 "train/loss": result.loss if result else float("nan"),
                 "train/grad_norm": result.grad_norm if result else float("nan"),
-                "train/skipped": float(result is None or result.skipped),
-                "train/degenerate_groups": float(adv.num_degenerate_groups),
-                "perf/rollout_s": t_rollout,
+                "train/skipped": float(not updated),
+                "train/degenerate_groups": float(plan.num_degenerate_groups),
                 "perf/train_s": t_train,
                 "perf/sync_s": t_sync,
                 "perf/rollout_tokens_per_s": row["rollout/model_tokens"] / max(t_rollout, 1e-9),
@@ -275,7 +482,54 @@ class _TrainLoop:
             )
         if cfg.plot_every and (step + 1) % cfg.plot_every == 0:
             self._plots()
-        return row, result is not None and result.stop
+        return row, stop
+
+    def _rollouts(self, step: int) -> tuple[_StepPlan, list[_StepWork]]:
+        """Rank 0: play the step's episodes, compute advantages, share the batch out."""
+        from tir_rl.runtime import task_specs
+
+        cfg = self.config.run
+        t0 = time.perf_counter()
+        base = cfg.seed * _SEED_STRIDE + step * cfg.tasks_per_step
+        specs = task_specs(
+            self.train_env,
+            num_tasks=cfg.tasks_per_step,
+            group_size=cfg.group_size,
+            first_group_id=step * cfg.tasks_per_step,
+            seed_of=lambda i: base + i,
+        )
+        trajectories = self.runtime.run_episodes(specs)
+        t_rollout = time.perf_counter() - t0
+        row = _rollout_metrics(trajectories, prefix="rollout")
+        row["perf/rollout_s"] = t_rollout
+        plan, works = plan_step(
+            trajectories,
+            world_size=self.world,
+            drop_degenerate_groups=cfg.drop_degenerate_groups and self.config.loss.kl_coef == 0,
+        )
+        plan.row = {**row, **plan.row}
+        return plan, works
+
+    def _gather_logprobs(
+        self, plan: _StepPlan | None, local: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """Rank 0: the [B, T] trainer logprobs of the whole batch, from every rank's share."""
+        if local is None:
+            return None
+        if self.world == 1:
+            return local
+        parts = tdist.rank0_gather_object(local)
+        if not self.rank0:
+            return None
+        assert plan is not None and plan.batch is not None, "rank 0 planned the batch"
+        out = torch.zeros(plan.batch.completion_ids.shape, dtype=torch.float32)
+        for piece, part in zip(
+            tdist.even_split(plan.batch.num_sequences, self.world), parts, strict=True
+        ):
+            if len(piece):  # an empty share trained on a masked filler: nothing to keep
+                assert isinstance(part, torch.Tensor)
+                out[piece.start : piece.stop, : part.shape[1]] = part
+        return out
 
     # ------------------------------------------------------------------ pieces
 
@@ -306,22 +560,29 @@ class _TrainLoop:
         return accuracy
 
     def _sync_weights(self) -> Any:
+        """Trainer weights -> engine, then the parity probe (every rank calls this)."""
         from tir_rl.engine.parity import probe_parity, transformers_logprobs
 
         state = self.trainer.rank0_full_state_dict()
-        engine = self.runtime.engine
-        model = self.trainer.model
+        # The trainer side of the probe is a forward pass: with FSDP2 every rank runs it.
+        trainer_logprobs = transformers_logprobs(self.trainer.model, self.probe_ids).tolist()
 
-        async def sync() -> Any:
-            await engine.update_weights(state)
-            return await probe_parity(
-                engine,
-                lambda ids: transformers_logprobs(model, ids).tolist(),
-                self.probe_ids,
-                tolerance=self.config.run.parity_tolerance,
-            )
+        def sync() -> tuple[Any, list[None]]:
+            engine = self.runtime.engine
 
-        return asyncio.run(sync())
+            async def update_and_probe() -> Any:
+                await engine.update_weights(state)
+                return await probe_parity(
+                    engine,
+                    lambda ids: trainer_logprobs,
+                    self.probe_ids,
+                    tolerance=self.config.run.parity_tolerance,
+                )
+
+            return asyncio.run(update_and_probe()), [None] * self.world
+
+        report, _ = self._share(sync)
+        return report
 
     def _checkpoint(self, step: int) -> None:
         path = self.run_dir / CHECKPOINTS / f"step_{step}"
@@ -339,6 +600,51 @@ class _TrainLoop:
             write_plots(self.run_dir)
         except Exception as exc:  # noqa: BLE001 (plots must never end a run)
             logger.warning("could not write plots: %s", exc)
+
+
+def plan_step(
+    trajectories: list[Trajectory], *, world_size: int = 1, drop_degenerate_groups: bool = True
+) -> tuple[_StepPlan, list[_StepWork]]:
+    """Advantages, the batch and each rank's share of it, from one step's trajectories.
+
+    Rank r trains on the r-th of `world_size` contiguous, near-equal slices of the batch.
+    When there are fewer sequences than ranks, a rank without one gets a copy of the first
+    sequence with an empty loss mask: it runs the passes FSDP2 needs and adds nothing to
+    the loss or the token count (its per-rank metrics still enter the rank average).
+    """
+    from tir_rl.batch import TrainBatch
+    from tir_rl.grpo import group_advantages
+
+    rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
+    groups = torch.tensor([t.group_id for t in trajectories], dtype=torch.long)
+    adv = group_advantages(rewards, groups, normalize_std=True)
+    # Episodes that sampled nothing (e.g. the env failed to reset) carry no gradient;
+    # they still count in their group's baseline above, as the failures they are.
+    sampled = [i for i, t in enumerate(trajectories) if t.num_model_tokens > 0]
+    trainable = sampled
+    if drop_degenerate_groups:
+        trainable = [i for i in sampled if not bool(adv.degenerate[i])]
+    in_batch = trainable or sampled
+    row = {"train/dropped_episodes": float(len(trajectories) - len(trainable))}
+    batch = TrainBatch.from_trajectories([trajectories[i] for i in in_batch]) if in_batch else None
+    plan = _StepPlan(trajectories, in_batch, batch, row, int(adv.num_degenerate_groups))
+    if batch is None:
+        errors = [t.error for t in trajectories if t.error]
+        return plan, [_StepWork(None, None, errors[0] if errors else "")] * world_size
+    advantages = adv.advantages[trainable] if trainable else None
+    if world_size == 1:
+        return plan, [_StepWork(batch, advantages)]
+    works = []
+    for piece in tdist.even_split(batch.num_sequences, world_size):
+        if len(piece):
+            share = batch.select(piece)
+            part = advantages[piece.start : piece.stop] if advantages is not None else None
+        else:
+            share = batch.select([0])
+            share.loss_mask = torch.zeros_like(share.loss_mask)
+            part = torch.zeros(1) if advantages is not None else None
+        works.append(_StepWork(share, part))
+    return plan, works
 
 
 def _rollout_metrics(trajectories: list[Trajectory], *, prefix: str) -> dict[str, float]:
