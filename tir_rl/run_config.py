@@ -8,6 +8,7 @@ Each section is the nested `Config` of the component it configures; the run-leve
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,12 @@ from tir_rl.engine.vllm_local import VLLMLocalEngine
 from tir_rl.errors import ConfigError
 from tir_rl.grpo import GRPOLoss
 from tir_rl.mismatch import MismatchCorrection
+from tir_rl.mismatch_injection import MismatchInjection
 from tir_rl.rollout import Rollout
 from tir_rl.sandbox import SandboxConfig
 from tir_rl.trainer import Trainer
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
@@ -100,6 +104,7 @@ class RunConfig:
     correction_preset: str | None = None
     """A named correction recipe (see `MismatchCorrection.Config.preset`); fields set in
     `correction` override the preset's."""
+    inject: MismatchInjection.Config = field(default_factory=MismatchInjection.Config)
     guard: CollapseGuard.Config = field(default_factory=CollapseGuard.Config)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
@@ -122,7 +127,35 @@ class RunConfig:
             self.correction = MismatchCorrection.Config.preset(self.correction_preset, **changed)
             self.correction_preset = None  # folded in: the saved config is explicit
         self.engine = dataclasses.replace(self.engine, model_path=self.model)
+        self._apply_injection()
         self.trainer.model = self.model
+
+    def _apply_injection(self) -> None:
+        """Engine overrides of `inject`; the trainer must stay the fp32 reference."""
+        inject = self.inject
+        inject.validate()
+        if not inject.active:
+            return
+        if self.trainer.dtype != "float32":
+            raise ConfigError(
+                f"inject is set but trainer.dtype={self.trainer.dtype!r}: injected mismatch is "
+                "measured against a float32 trainer. Set trainer.dtype=float32."
+            )
+        if inject.sampler_dtype is not None and self.engine.dtype not in (
+            "float32",
+            inject.sampler_dtype,
+        ):
+            logger.warning(
+                "engine.dtype=%s is overridden by inject.sampler_dtype=%s",
+                self.engine.dtype,
+                inject.sampler_dtype,
+            )
+        if inject.raw_logprobs and self.rollout.temperature == 1.0:
+            logger.warning(
+                "inject.raw_logprobs has no effect at rollout.temperature=1 (raw and processed "
+                "logprobs are equal there); sample at another temperature to see a gap"
+            )
+        self.engine = MismatchInjection(inject).apply_to_engine_config(self.engine)
 
     @property
     def run_dir(self) -> Path:

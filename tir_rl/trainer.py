@@ -225,6 +225,12 @@ class Trainer:
 
     def _forward_logprobs(self, mb: MicroBatch) -> torch.Tensor:
         """[n] logprobs of the micro-batch's completion tokens (with grad if enabled)."""
+        return self._forward_token_stats(mb, entropy=False)[0]
+
+    def _forward_token_stats(
+        self, mb: MicroBatch, *, entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[n] token logprobs (grad if enabled) and, if asked, [n] detached entropies."""
         keep = torch.unique(mb.pred_pos)  # sorted; lm_head runs on these columns only
         column = torch.searchsorted(keep, mb.pred_pos)
         output = self.model(
@@ -242,7 +248,8 @@ class Trainer:
             logits = logits / self.config.temperature
         # log_softmax at the target only: logit − logsumexp, without an [n, V] output.
         target_logits = logits.gather(-1, mb.targets.to(self.device)[:, None]).squeeze(-1)
-        return target_logits - torch.logsumexp(logits, dim=-1)
+        lse = torch.logsumexp(logits, dim=-1)
+        return target_logits - lse, token_entropy(logits, lse) if entropy else None
 
     def _empty_pass(self, *, backward: bool) -> None:
         """A one-token pass contributing nothing, to keep FSDP collectives matched."""
@@ -307,21 +314,26 @@ class Trainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         local_loss = 0.0
+        entropy_sum = 0.0  # over mask-1 tokens, from the logits of the update's forward
         collected: list[tuple[float, dict[str, float]]] = []
         for mb in self._matched(self._plan(batch)):
             if mb is None:
                 self._empty_pass(backward=True)
                 continue
-            loss, mb_metrics = self._micro_loss(
+            loss, mb_metrics, entropy = self._micro_loss(
                 mb, old_logprobs, advantages, mask, weights, num_tokens, num_sequences
             )
             loss.backward()
+            model_token = batch.loss_mask[mb.seq_indices[mb.dest_seq], mb.dest_tok]
+            entropy_sum += float(entropy[model_token.to(entropy.device)].sum())
             local_loss += float(loss.detach())
             collected.append((float(mask[mb.seq_indices].sum()), _as_dict(mb_metrics)))
         t_backward = time.perf_counter()
 
         loss_metrics = _combine_micro_metrics(collected)
         total_loss = tdist.all_reduce_scalar(local_loss)
+        entropy_sum = tdist.all_reduce_scalar(entropy_sum)
+        num_model_tokens = tdist.all_reduce_count(int(batch.loss_mask.sum()))
         grad_norm = float(tdist.grad_norm(self.model.parameters()))
         metrics = {f"mismatch/{k}" if "/" not in k else k: float(v) for k, v in metrics.items()}
         metrics.update({_train_key(k): v for k, v in loss_metrics.items()})
@@ -331,6 +343,7 @@ class Trainer:
             {
                 "train/loss": total_loss,
                 "train/grad_norm": grad_norm,
+                "train/entropy": entropy_sum / num_model_tokens if num_model_tokens else 0.0,
                 "train/num_loss_tokens": float(num_tokens),
                 "train/num_loss_sequences": float(num_sequences),
                 "train/num_masked_by_correction": float(
@@ -383,16 +396,18 @@ class Trainer:
         weights: torch.Tensor,
         num_tokens: int,
         num_sequences: int,
-    ) -> tuple[torch.Tensor, Mapping[str, Any]]:
+    ) -> tuple[torch.Tensor, Mapping[str, Any], torch.Tensor]:
+        """Loss and metrics of one micro-batch, plus its [n] token entropies (detached)."""
         seqs = mb.seq_indices
         width = int(mb.dest_tok.max()) + 1 if len(mb.dest_tok) else 1
-        token_logprobs = self._forward_logprobs(mb)
+        token_logprobs, entropy = self._forward_token_stats(mb, entropy=True)
+        assert entropy is not None
         logprobs = torch.zeros(len(seqs), width, device=self.device, dtype=torch.float32)
         logprobs = logprobs.index_put(
             (mb.dest_seq.to(self.device), mb.dest_tok.to(self.device)), token_logprobs
         )  # [b, width], carries grad
         dev = self.device
-        return self.loss_fn(
+        loss, metrics = self.loss_fn(
             logprobs,
             old_logprobs=old_logprobs[seqs, :width].to(dev),
             advantages=advantages[seqs].to(dev),
@@ -401,6 +416,7 @@ class Trainer:
             num_global_tokens=num_tokens,
             num_global_sequences=num_sequences,
         )
+        return loss, metrics, entropy
 
     def _clip(self, grad_norm: float) -> None:
         max_norm = self.config.max_grad_norm
@@ -419,6 +435,27 @@ class Trainer:
         Every rank must call it (it gathers shards).
         """
         return tdist.full_model_state_dict(self.model)
+
+
+@torch.no_grad()
+def token_entropy(
+    logits: torch.Tensor, logsumexp: torch.Tensor | None = None, *, chunk_rows: int = 1024
+) -> torch.Tensor:
+    """[n] entropy (nats) of softmax over each row of `logits` [n, V], without gradients.
+
+    H = logsumexp(x) − Σ p·x. Rows are processed `chunk_rows` at a time, so at most one
+    [chunk_rows, V] probability block exists at once (it is freed right after its row sums).
+    `logsumexp` [n] may be passed in when already computed.
+    """
+    logits = logits.detach()
+    lse = torch.logsumexp(logits, dim=-1) if logsumexp is None else logsumexp.detach()
+    out = torch.empty(logits.shape[:-1], dtype=torch.float32, device=logits.device)
+    for start in range(0, logits.shape[0], chunk_rows):
+        rows = logits[start : start + chunk_rows].float()
+        row_lse = lse[start : start + chunk_rows, None].float()
+        probs = (rows - row_lse).exp_()  # [chunk, V]
+        out[start : start + chunk_rows] = row_lse[:, 0] - probs.mul_(rows).sum(dim=-1)
+    return out
 
 
 def _as_dict(metrics: Any) -> dict[str, float]:

@@ -1,0 +1,30 @@
+"""token_entropy: the trainer's per-token entropy from its (temperature-scaled) logits."""
+
+import math
+
+import torch
+
+from tir_rl.trainer import token_entropy
+
+
+def test_uniform_logits_give_log_vocab_size():
+    for vocab in (2, 49152):
+        logits = torch.full((3, vocab), 7.5)
+        torch.testing.assert_close(token_entropy(logits), torch.full((3,), math.log(vocab)))
+
+
+def test_matches_the_categorical_entropy_in_any_chunking():
+    gen = torch.Generator().manual_seed(0)
+    logits = 4 * torch.randn(10, 300, generator=gen)
+    expected = torch.distributions.Categorical(logits=logits).entropy()
+    for chunk_rows in (1, 3, 1024):
+        torch.testing.assert_close(token_entropy(logits, chunk_rows=chunk_rows), expected)
+    lse = torch.logsumexp(logits, dim=-1)
+    torch.testing.assert_close(token_entropy(logits, lse), expected)
+
+
+def test_one_hot_logits_have_zero_entropy_and_no_grad_flows():
+    logits = torch.tensor([[0.0, -1e4, -1e4], [-1e4, -1e4, 0.0]], requires_grad=True)
+    entropy = token_entropy(logits)
+    assert not entropy.requires_grad
+    torch.testing.assert_close(entropy, torch.zeros(2))
