@@ -150,6 +150,18 @@ class ToolEnv(gymnasium.Env[list[Message], Message]):
     def on_reset(self, task: Task) -> None:
         """Hook run when an episode starts (e.g. to load the task's state)."""
 
+    def demonstration(self, task: Task) -> list[str]:
+        """Assistant texts of a correct episode for `task` (an oracle, for SFT warm starts).
+
+        One string per assistant turn, in the exact text a model would write (tool calls as
+        Hermes ``<tool_call>`` blocks, the last turn with the ``<answer>`` tag). Played
+        through ``step`` they must earn the full reward. See `tir_rl.sft`.
+
+        Raises:
+            NotImplementedError: The environment has no oracle (the default).
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no demonstration oracle")
+
     # ----------------------------------------------------------------- gymnasium API
     @property
     def tools(self) -> ToolRegistry:

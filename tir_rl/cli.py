@@ -1,4 +1,4 @@
-"""The `tir-rl` command line: train | eval | rollout | doctor | sandbox | models.
+"""The `tir-rl` command line: train | eval | sft | rollout | doctor | sandbox | models.
 
 Each subcommand is one `_cmd_*` function; heavy imports happen inside it, so `--help`
 is instant and nothing runs at import time.
@@ -89,6 +89,22 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     )
     print(format_table(outcome.report))
     print(f"report: {outcome.report_path}")
+    return 0
+
+
+def _cmd_sft(args: argparse.Namespace) -> int:
+    from tir_rl.sft import load_sft_config, run_sft
+
+    result = run_sft(load_sft_config(args.config, args.set), force=args.force)
+    info = result.info
+    if not result.trained:
+        print(f"up to date (config hash {info['config_hash']}): {result.checkpoint}")
+        return 0
+    print(f"demos: {info['num_demos']} ({info['loss_tokens']} assistant tokens), "
+          f"steps: {info['steps']}, loss {info['loss_before']} -> {info['loss_after']}")
+    print(f"wall time: {info['seconds_total']:.0f} s (demos {info['seconds_demos']:.1f} s, "
+          f"training {info['seconds_train']:.0f} s)")
+    print(f"checkpoint: {result.checkpoint}")
     return 0
 
 
@@ -237,6 +253,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
     p.add_argument("--out", help="JSON report path (default: eval_report.json beside the model)")
     p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser(
+        "sft",
+        help="SFT warm start on an environment's oracle episodes (HF checkpoint out)",
+        epilog="examples:\n  tir-rl sft --config configs/sft/multihop.yaml\n"
+        "  tir-rl sft --config configs/sft/multihop.yaml --set data.num_demos=64 "
+        "--set output_dir=runs/sft/small\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", help="YAML SFT config, e.g. configs/sft/multihop.yaml")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
+    p.add_argument("--force", action="store_true",
+                   help="replace an output_dir that holds a checkpoint of another config")
+    p.set_defaults(func=_cmd_sft)
 
     p = sub.add_parser(
         "rollout",

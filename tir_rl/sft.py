@@ -1,0 +1,526 @@
+"""SFT warm start: teach a model an environment's tool protocol from oracle episodes.
+
+A policy that never calls a tool gets reward 0 on every sample, so GRPO has no signal. This
+step fine-tunes it on demonstrations first::
+
+    env.reset ──► env.demonstration(task) ──► each assistant text "sampled" into a
+        Conversation (the tokenizer's own ids + <|im_end|>, mask 1) ──► env.step(message)
+        ──► the env's own tool messages appended (mask 0) ──► ... ──► reward must be full
+    demos ──► cross-entropy on mask-1 tokens (AdamW, fp32) ──► HF checkpoint (model + tokenizer)
+
+The token ids and loss mask of a demonstration are exactly those a rollout builds for the
+same assistant texts: the same `ChatFormat` (system prompt, tool schemas from
+`ResetInfo.tool_schemas`, default chat config) and the same `Conversation` calls as
+`tir_rl.rollout_episode`. Demonstrations come from the train split only.
+
+Shared prefix: every demonstration of one environment starts with the same system turn
+(hundreds of tokens). With `TrainSection.cache_shared_prefix` its keys and values are
+computed once per optimizer step without gradient and reused by every sequence of the step.
+The forward pass is exact (current weights); the gradient leaves out the path through the
+prefix's keys and values (which carry no loss of their own), for about 2.5x less compute
+here.
+
+`run_sft` is idempotent: when the output folder already holds a checkpoint made from the
+same config (same hash, output folder excluded) it returns it without training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import random
+import shutil
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tir_rl.config import to_dict
+from tir_rl.errors import ConfigError, TirError
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+INFO_FILE = "sft_info.json"
+"""Written last into the checkpoint folder: config, its hash, losses, timings."""
+
+
+@dataclass(kw_only=True)
+class SFTEnvSection:
+    """Which environment the demonstrations come from."""
+
+    id: str = "tir_rl/MultiHop-v0"
+    """gymnasium id; the environment must implement `ToolEnv.demonstration`."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for `gymnasium.make` (the split is always `train`)."""
+    horizons: list[int] = field(default_factory=list)
+    """Demonstration i uses ``horizon=horizons[i % len(horizons)]`` on top of `kwargs` (a
+    mix of lengths); empty: `kwargs` alone."""
+
+    def validate(self) -> None:
+        """Check values."""
+        if "split" in self.kwargs:
+            raise ConfigError("sft env.kwargs must not set split: demonstrations use train")
+        if any(h < 1 for h in self.horizons):
+            raise ConfigError(f"sft env.horizons={self.horizons}: every horizon must be >= 1")
+
+
+@dataclass(kw_only=True)
+class SFTDataSection:
+    """How many demonstrations, and which tasks."""
+
+    num_demos: int = 128
+    """Number of demonstration episodes (each one train task)."""
+    seed: int = 0
+    """Demonstration i resets its env with a seed derived from (seed, i)."""
+
+    def validate(self) -> None:
+        """Check values."""
+        if self.num_demos < 1:
+            raise ConfigError(f"sft data.num_demos={self.num_demos}: must be >= 1")
+
+
+@dataclass(kw_only=True)
+class SFTTrainSection:
+    """Optimizer and schedule (fp32 on the CPU)."""
+
+    epochs: int = 2
+    """Passes over the demonstrations."""
+    lr: float = 1e-4
+    """Peak AdamW learning rate (linear warmup, then cosine decay to 0)."""
+    warmup_steps: int = 2
+    """Optimizer steps of linear warmup."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    max_grad_norm: float = 1.0
+    """Clip the gradient norm to this; 0 or less: no clipping."""
+    batch_tokens: int = 2048
+    """Loss tokens (mask 1) per optimizer step, at least one demonstration: demonstrations
+    are taken in shuffled order until the step holds this many assistant tokens. Each
+    sequence runs its own forward pass (on the CPU a padded batch is no faster per token)."""
+    cache_shared_prefix: bool = True
+    """Compute the prefix all demonstrations share (the system turn) once per step without
+    gradient (see the module docstring); False: full forward and backward per sequence."""
+    loss_probe_demos: int = 16
+    """Mean loss over the first N demonstrations is measured before and after training
+    (reported in `sft_info.json`; 0: skip)."""
+    seed: int = 0
+    """Seeds torch and the shuffling."""
+    threads: int | None = None
+    """torch CPU threads (None: torch's default)."""
+
+    def validate(self) -> None:
+        """Check values."""
+        if self.epochs < 1:
+            raise ConfigError(f"sft train.epochs={self.epochs}: must be >= 1")
+        if self.lr <= 0:
+            raise ConfigError(f"sft train.lr={self.lr}: must be > 0")
+        if self.batch_tokens < 1:
+            raise ConfigError(f"sft train.batch_tokens={self.batch_tokens}: must be >= 1")
+        if self.warmup_steps < 0 or self.loss_probe_demos < 0:
+            raise ConfigError("sft train.warmup_steps and loss_probe_demos must be >= 0")
+
+
+@dataclass(kw_only=True)
+class SFTConfig:
+    """Everything `tir-rl sft` needs."""
+
+    model: str = "bundled"
+    """Base model: `bundled`, `tiny`, or a local Hugging Face checkpoint folder."""
+    output_dir: Path = Path("runs/sft/multihop")
+    """Folder of the fine-tuned HF checkpoint (model, tokenizer, `sft_info.json`)."""
+    env: SFTEnvSection = field(default_factory=SFTEnvSection)
+    data: SFTDataSection = field(default_factory=SFTDataSection)
+    train: SFTTrainSection = field(default_factory=SFTTrainSection)
+
+    def validate(self) -> None:
+        """Check every section."""
+        self.env.validate()
+        self.data.validate()
+        self.train.validate()
+
+    def config_hash(self) -> str:
+        """Hash of everything that shapes the checkpoint (the output folder excluded)."""
+        tree = to_dict(self)
+        tree.pop("output_dir")
+        blob = json.dumps(tree, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    """One oracle episode, rendered as a rollout renders it."""
+
+    token_ids: list[int]
+    """Prompt and completion token ids."""
+    loss_mask: list[int]
+    """1 on assistant tokens (what the model would sample), 0 on prompt and env tokens."""
+    task_id: str
+    """The env's task id."""
+    reward: float
+    """The env's reward for the episode."""
+
+    @property
+    def num_loss_tokens(self) -> int:
+        """Number of mask-1 tokens."""
+        return sum(self.loss_mask)
+
+
+@dataclass
+class SFTResult:
+    """What `run_sft` produced."""
+
+    checkpoint: Path
+    """The HF checkpoint folder."""
+    trained: bool
+    """False when an up-to-date checkpoint was already there."""
+    info: dict[str, Any]
+    """Contents of `sft_info.json` (config hash, losses, timings)."""
+
+
+# ------------------------------------------------------------------------ demonstrations
+def demonstration_seed(seed: int, index: int) -> int:
+    """Reset seed of demonstration `index`."""
+    return zlib.crc32(f"tir_rl/sft/{seed}/{index}".encode()) & 0x7FFFFFFF
+
+
+def play_demonstration(env: Any, tokenizer: Any, *, seed: int) -> Demonstration:
+    """Reset `env`, play its oracle's turns through `step`, render like a rollout.
+
+    Raises:
+        TirError: The oracle's episode did not end with full reward (a broken oracle).
+    """
+    from tir_rl.chat import ChatFormat
+
+    messages, info = env.reset(seed=seed)
+    fmt = ChatFormat(tokenizer, tool_schemas=getattr(info, "tool_schemas", ()))
+    conv = fmt.conversation(messages)
+    texts = env.demonstration(info.task)
+    reward, terminated = 0.0, False
+    for k, text in enumerate(texts):
+        ids = fmt.encode_assistant_text(text) + [fmt.end_of_turn_id]
+        conv.append_sampled(ids, [0.0] * len(ids))
+        replies, step_reward, terminated, truncated, _ = env.step(conv.messages[-1])
+        reward += float(step_reward)
+        if terminated or truncated:
+            if k != len(texts) - 1:
+                raise TirError(f"{info.task_id}: the episode ended after oracle turn {k + 1}")
+            break
+        conv.append_messages(replies)
+    if not terminated or reward < 1.0:
+        raise TirError(
+            f"{info.task_id}: the oracle's episode got reward {reward} (terminated="
+            f"{terminated}); {type(env).__name__}.demonstration must solve its task"
+        )
+    trajectory = conv.to_trajectory(reward=reward)
+    return Demonstration(
+        token_ids=trajectory.prompt_ids + trajectory.completion_ids,
+        loss_mask=[0] * len(trajectory.prompt_ids) + trajectory.loss_mask,
+        task_id=info.task_id,
+        reward=reward,
+    )
+
+
+def build_demonstrations(config: SFTConfig, tokenizer: Any) -> list[Demonstration]:
+    """The config's demonstrations, from the train split of the real environment."""
+    import gymnasium
+
+    import tir_rl.envs  # noqa: F401 (registers the tir_rl/... ids)
+
+    if config.env.id not in gymnasium.registry:
+        raise ConfigError(f"sft env.id {config.env.id!r} is not a registered gymnasium id")
+    horizons = config.env.horizons or [None]
+    envs: dict[int | None, Any] = {}
+    demos = []
+    try:
+        for i in range(config.data.num_demos):
+            horizon = horizons[i % len(horizons)]
+            if horizon not in envs:
+                extra = {} if horizon is None else {"horizon": horizon}
+                kwargs = {**config.env.kwargs, **extra, "split": "train"}
+                envs[horizon] = gymnasium.make(config.env.id, **kwargs).unwrapped
+            seed = demonstration_seed(config.data.seed, i)
+            demos.append(play_demonstration(envs[horizon], tokenizer, seed=seed))
+    except NotImplementedError as exc:
+        raise ConfigError(f"{config.env.id} has no demonstration oracle: {exc}") from exc
+    finally:
+        for env in envs.values():
+            env.close()
+    return demos
+
+
+def shared_prefix_length(demos: Sequence[Demonstration]) -> int:
+    """Tokens every demonstration starts with that no loss position depends on.
+
+    The logit predicting token t comes from position t - 1, so the prefix stops one token
+    before the first loss token of any demonstration.
+    """
+    first = demos[0].token_ids
+    length = len(first)
+    for demo in demos[1:]:
+        n = min(length, len(demo.token_ids))
+        length = next((i for i in range(n) if demo.token_ids[i] != first[i]), n)
+    first_loss = min(d.loss_mask.index(1) for d in demos if 1 in d.loss_mask)
+    return max(0, min(length, first_loss - 1))
+
+
+def plan_batches(
+    demos: Sequence[Demonstration], batch_tokens: int, rng: random.Random
+) -> list[list[int]]:
+    """Shuffled demonstration indices, cut into steps of about `batch_tokens` loss tokens."""
+    order = list(range(len(demos)))
+    rng.shuffle(order)
+    batches: list[list[int]] = []
+    current: list[int] = []
+    tokens = 0
+    for i in order:
+        current.append(i)
+        tokens += demos[i].num_loss_tokens
+        if tokens >= batch_tokens:
+            batches.append(current)
+            current, tokens = [], 0
+    if current:
+        batches.append(current)
+    return batches
+
+
+# ------------------------------------------------------------------------------ training
+class _PrefixCache:
+    """Keys and values of the shared prefix under the current weights (no gradient)."""
+
+    def __init__(self, model: Any, prefix: list[int]) -> None:
+        self.model = model
+        self.prefix = prefix
+        self._kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def refresh(self) -> None:
+        import torch
+
+        if not self.prefix:
+            return
+        with torch.no_grad():
+            out = self.model.get_decoder()(input_ids=torch.tensor([self.prefix]), use_cache=True)
+        self._kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+
+    def fresh(self) -> Any:
+        """A new cache holding the prefix (the forward pass appends to it)."""
+        from transformers import DynamicCache
+
+        return DynamicCache(ddp_cache_data=self._kv) if self.prefix else None
+
+
+def sequence_loss(model: Any, demo: Demonstration, cache: _PrefixCache) -> tuple[Any, int]:
+    """Summed cross-entropy over the mask-1 tokens of `demo`, and their count."""
+    import torch
+
+    start = len(cache.prefix)
+    ids = torch.tensor([demo.token_ids[start:]])
+    positions = torch.arange(start, len(demo.token_ids)).unsqueeze(0)
+    hidden = model.get_decoder()(
+        input_ids=ids,
+        position_ids=positions,
+        past_key_values=cache.fresh(),
+        use_cache=start > 0,
+    ).last_hidden_state[0]
+    mask = torch.tensor(demo.loss_mask[start + 1 :], dtype=torch.bool)
+    targets = torch.tensor(demo.token_ids[start + 1 :])[mask]
+    logits = model.get_output_embeddings()(hidden[:-1][mask]).float()
+    loss = torch.nn.functional.cross_entropy(logits, targets, reduction="sum")
+    return loss, int(mask.sum())
+
+
+def mean_loss(model: Any, demos: Sequence[Demonstration], cache: _PrefixCache) -> float:
+    """Token-mean loss over `demos` (no gradient)."""
+    import torch
+
+    total, count = 0.0, 0
+    with torch.no_grad():
+        cache.refresh()
+        for demo in demos:
+            loss, n = sequence_loss(model, demo, cache)
+            total, count = total + float(loss), count + n
+    return total / max(count, 1)
+
+
+def train_on_demonstrations(
+    model: Any, demos: Sequence[Demonstration], config: SFTTrainSection
+) -> dict[str, Any]:
+    """Fine-tune `model` in place; return loss history and counts."""
+    import torch
+
+    torch.manual_seed(config.seed)
+    rng = random.Random(config.seed)
+    prefix = demos[0].token_ids[: shared_prefix_length(demos)] if config.cache_shared_prefix else []
+    cache = _PrefixCache(model, prefix)
+    probe = list(demos[: config.loss_probe_demos])
+    loss_before = mean_loss(model, probe, cache) if probe else None
+
+    epochs = [plan_batches(demos, config.batch_tokens, rng) for _ in range(config.epochs)]
+    total_steps = sum(len(e) for e in epochs)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+    )
+
+    def lr_factor(step: int) -> float:
+        if step < config.warmup_steps:
+            return (step + 1) / (config.warmup_steps + 1)
+        span = max(total_steps - config.warmup_steps, 1)
+        return 0.5 * (1 + math.cos(math.pi * (step - config.warmup_steps) / span))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    model.train()
+    history: list[dict[str, float]] = []
+    step = 0
+    for epoch, batches in enumerate(epochs):
+        for batch in batches:
+            t0 = time.perf_counter()
+            cache.refresh()
+            num_tokens = sum(demos[i].num_loss_tokens for i in batch)
+            step_loss = 0.0
+            for i in batch:
+                loss, _ = sequence_loss(model, demos[i], cache)
+                (loss / num_tokens).backward()
+                step_loss += loss.item()
+            clip = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            record = {
+                "step": step,
+                "epoch": epoch,
+                "loss": step_loss / num_tokens,
+                "grad_norm": grad_norm,
+                "sequences": len(batch),
+                "seconds": time.perf_counter() - t0,
+            }
+            history.append(record)
+            logger.info(
+                "sft step %d/%d (epoch %d): loss %.4f, grad norm %.2f, %d seqs, %.1f s",
+                step + 1,
+                total_steps,
+                epoch,
+                record["loss"],
+                grad_norm,
+                len(batch),
+                record["seconds"],
+            )
+            step += 1
+    model.eval()
+    loss_after = mean_loss(model, probe, cache) if probe else None
+    return {
+        "loss_before": loss_before,
+        "loss_after": loss_after,
+        "steps": total_steps,
+        "shared_prefix_tokens": len(prefix),
+        "history": history,
+    }
+
+
+# ----------------------------------------------------------------------------- pipeline
+def load_info(folder: Path) -> dict[str, Any] | None:
+    """The `sft_info.json` of a finished checkpoint folder, or None."""
+    path = Path(folder) / INFO_FILE
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())
+
+
+def run_sft(config: SFTConfig, *, force: bool = False) -> SFTResult:
+    """Build demonstrations, fine-tune, save the checkpoint; skip if already done.
+
+    Args:
+        config: the SFT config.
+        force: retrain and replace a checkpoint made from another config.
+
+    Raises:
+        ConfigError: `output_dir` holds something else than a checkpoint of this config
+            (and `force` is False).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tir_rl.models import resolve_model
+
+    config.validate()
+    out = Path(config.output_dir)
+    digest = config.config_hash()
+    info = load_info(out)
+    if info is not None and info.get("config_hash") == digest and not force:
+        return SFTResult(out, trained=False, info=info)
+    if out.exists() and not force:
+        found = "a checkpoint of another config" if info is not None else "other files"
+        raise ConfigError(
+            f"{out} holds {found}; choose another output_dir (--set output_dir=...) or pass "
+            "--force to replace it"
+        )
+
+    started = time.perf_counter()
+    if config.train.threads is not None:
+        torch.set_num_threads(config.train.threads)
+    base = resolve_model(config.model)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    demos = build_demonstrations(config, tokenizer)
+    built = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    stats = train_on_demonstrations(model, demos, config.train)
+    trained = time.perf_counter()
+
+    info = {
+        "config_hash": digest,
+        "config": to_dict(config),
+        "base_model": str(base),
+        "num_demos": len(demos),
+        "demo_tokens": sum(len(d.token_ids) for d in demos),
+        "loss_tokens": sum(d.num_loss_tokens for d in demos),
+        **{k: v for k, v in stats.items() if k != "history"},
+        "seconds_demos": built - started,
+        "seconds_train": trained - built,
+        "history": stats["history"],
+    }
+    _save_atomically(out, model, tokenizer, info)
+    info["seconds_total"] = time.perf_counter() - started
+    (out / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    return SFTResult(out, trained=True, info=info)
+
+
+def _save_atomically(out: Path, model: Any, tokenizer: Any, info: dict[str, Any]) -> None:
+    """Write into a hidden sibling folder and rename it, so no half checkpoint is left."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+
+
+def load_sft_config(path: str | Path | None, overrides: Sequence[str] = ()) -> SFTConfig:
+    """Load an `SFTConfig` from YAML plus `--set` overrides."""
+    from tir_rl.config import load
+
+    return load(SFTConfig, path, overrides)
+
+
+__all__ = [
+    "Demonstration",
+    "SFTConfig",
+    "SFTDataSection",
+    "SFTEnvSection",
+    "SFTResult",
+    "SFTTrainSection",
+    "build_demonstrations",
+    "load_sft_config",
+    "play_demonstration",
+    "run_sft",
+    "train_on_demonstrations",
+]
