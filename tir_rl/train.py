@@ -47,6 +47,7 @@ from tir_rl import checkpoint
 from tir_rl import distributed as tdist
 from tir_rl.config import dump, load
 from tir_rl.errors import ConfigError, ParityError, TirError
+from tir_rl.mismatch_injection import MismatchInjection
 from tir_rl.run_config import RunConfig
 from tir_rl.types import Trajectory
 
@@ -288,6 +289,10 @@ class _TrainLoop:
         if guard_config.save_dir is None:
             guard_config.save_dir = self.run_dir / "alerts"
         self.guard = CollapseGuard(guard_config)
+        self.injection = MismatchInjection(config.inject)
+        self.num_updates = 0
+        if self.rank0 and config.inject.active:
+            logger.warning("%s", self.injection.describe())
         if self.rank0:
             self.train_env = env_factory(config.env, config.env.train_split)
             self.eval_env = env_factory(config.env, config.env.eval_split)
@@ -301,7 +306,9 @@ class _TrainLoop:
             state = checkpoint.load(ckpt, self.trainer, guard=self.guard)
             self.start_step = int(state.step)
             logger.info("resumed from %s (step %d)", ckpt, self.start_step)
-            self._sync_weights()
+            self._sync_weights(force=True)
+        elif self.injection.transforms_weights:
+            self._sync_weights(force=True)  # the engine loaded the untouched checkpoint
         self.metrics = (
             MetricsLogger(
                 MetricsLogger.Config(
@@ -435,6 +442,7 @@ class _TrainLoop:
 
         t2 = time.perf_counter()
         if updated:
+            self.num_updates += 1
             parity = self._sync_weights()
         t_sync = time.perf_counter() - t2
         if not self.rank0:
@@ -465,6 +473,8 @@ class _TrainLoop:
                 "perf/rollout_tokens_per_s": row["rollout/model_tokens"] / max(t_rollout, 1e-9),
             }
         )
+        if result is not None and result.guard is not None:
+            row["guard/alerts"] = float(len(result.guard.alerts))
         if parity is not None:
             row["sync/parity_max_abs_diff"] = parity.max_abs_diff
             row["sync/parity_mean_abs_diff"] = parity.mean_abs_diff
@@ -559,11 +569,21 @@ class _TrainLoop:
               f"({report.num_tasks} tasks × {report.samples_per_task})", flush=True)  # fmt: skip
         return accuracy
 
-    def _sync_weights(self) -> Any:
-        """Trainer weights -> engine, then the parity probe (every rank calls this)."""
+    def _sync_weights(self, *, force: bool = False) -> Any:
+        """Trainer weights -> engine, then the parity probe (every rank calls this).
+
+        With `inject` set, the engine gets the injected sampler weights (or nothing, on a
+        stale step: returns None) and the probe logs the gap instead of raising.
+        """
         from tir_rl.engine.parity import probe_parity, transformers_logprobs
 
-        state = self.trainer.rank0_full_state_dict()
+        if not force and self.num_updates % self.config.inject.sync_every != 0:
+            return None  # stale sampler: every rank skips the same syncs
+        full = self.trainer.rank0_full_state_dict()
+        state = self.injection.sampler_state(full, self.num_updates, force=True) if (
+            self.rank0 and self.config.inject.active
+        ) else full  # fmt: skip
+        tolerance = self.config.run.parity_tolerance if self.injection.strict_parity else math.inf
         # The trainer side of the probe is a forward pass: with FSDP2 every rank runs it.
         trainer_logprobs = transformers_logprobs(self.trainer.model, self.probe_ids).tolist()
 
@@ -576,7 +596,7 @@ class _TrainLoop:
                     engine,
                     lambda ids: trainer_logprobs,
                     self.probe_ids,
-                    tolerance=self.config.run.parity_tolerance,
+                    tolerance=tolerance,
                 )
 
             return asyncio.run(update_and_probe()), [None] * self.world

@@ -7,7 +7,7 @@
 
 Each (setting, seed) is one `tir-rl train` process writing `runs/collapse/<setting>_s<seed>/`;
 finished runs are skipped, so an interrupted suite continues where it stopped. The SFT warm
-start (`tir-rl sft --config configs/sft_multihop.yaml`) runs first unless `--model` is given;
+start (`tir-rl sft --config configs/sft/multihop.yaml`) runs first unless `--model` is given;
 it is skipped when its checkpoint already exists. The report (`report.py`) runs at the end.
 """
 
@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE))
 from settings import MISMATCHES, suite  # noqa: E402
 
 BASE = HERE / "base.yaml"
-SFT_CONFIG = HERE.parents[1] / "configs" / "sft_multihop.yaml"
+SFT_CONFIG = HERE.parents[1] / "configs" / "sft" / "multihop.yaml"
 DONE = "DONE"
 
 GPU_SIZE = (
@@ -115,7 +115,8 @@ def warm_start() -> str:
         text=True,
     )  # fmt: skip
     print(out.stdout, end="")
-    path = out.stdout.strip().splitlines()[-1].strip()
+    # the last line ends with the checkpoint folder ("checkpoint: P" or "up to date (...): P")
+    path = out.stdout.strip().splitlines()[-1].rsplit(": ", 1)[-1].strip()
     if not Path(path).is_dir():
         raise SystemExit(f"tir-rl sft did not print a checkpoint folder last; got {path!r}")
     return path

@@ -27,7 +27,7 @@ def _noise(std: float) -> tuple[str, ...]:
 
 
 CORRECTIONS = (
-    "token_tis", "token_mis", "seq_mis", "geo_rs", "turn_mis", "veto", "geo_rs_token_tis",
+    "token_tis", "token_mis", "geo_rs_token_tis", "turn_mis", "seq_mis", "geo_rs", "veto",
 )  # fmt: skip
 """Correction presets compared against no correction (see docs/mismatch.md)."""
 
