@@ -1,0 +1,29 @@
+"""The train loop with mismatch injection: injected sampler weights, stale syncs, no raise."""
+
+import pytest
+from test_train_tiny import tiny_config
+
+from tir_rl.metrics import read_metrics
+from tir_rl.train import run_train
+
+pytestmark = [pytest.mark.vllm, pytest.mark.model, pytest.mark.slow]
+
+
+def test_noise_injection_is_measured_not_raised_and_stale_steps_skip_the_sync(tmp_path):
+    config = tiny_config(
+        tmp_path,
+        "run.steps=3",
+        "inject.logit_noise_std=0.3",
+        "inject.sync_every=2",
+    )
+    summary = run_train(config)
+    assert summary.steps_done == 3
+    rows = [r for r in read_metrics(summary.run_dir / "metrics.jsonl") if "train/grad_norm" in r]
+    # Steps 1 and 3 apply the 1st and 3rd update: no sync (stale); step 2: sync + probe.
+    synced = [r["step"] for r in rows if "sync/parity_max_abs_diff" in r]
+    assert synced == [2]
+    # The probe compares the noisy sampler with the trainer: a gap well above fp32 noise.
+    assert rows[1]["sync/parity_max_abs_diff"] > 1e-2
+    # The trainer measured that mismatch on the rollouts too.
+    assert all(r["mismatch/k3_kl"] > 1e-5 for r in rows)
+    assert all("guard/alerts" in r for r in rows)
