@@ -21,6 +21,7 @@ fails is reported with the reason.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -147,19 +148,25 @@ def run_tir_rl(shape: Shape, out_dir: Path) -> Result:
     )
     config.env = EnvSection(id=ENV_ID, kwargs=shape.env_kwargs)
     # The shipped MultiHop rollout settings (configs/rollout_multihop.yaml).
-    config.engine.dtype = "float32"
-    config.engine.max_model_len = 2048
-    config.engine.enable_prefix_caching = True
-    config.engine.block_size = 32
-    config.engine.kv_cache_gib = 0.5
-    config.rollout.max_turns = shape.max_turns
-    config.rollout.max_tokens_per_turn = shape.max_tokens_per_turn
-    config.rollout.max_context_tokens = 2048
-    config.rollout.temperature = 1.0
-    config.rollout.seed = None
-    config.trainer.temperature = 1.0
-    config.trainer.lr = shape.lr
-    config.trainer.dtype = "float32"
+    config.engine = dataclasses.replace(
+        config.engine,
+        dtype="float32",
+        max_model_len=2048,
+        enable_prefix_caching=True,
+        block_size=32,
+        kv_cache_gib=0.5,
+    )
+    config.rollout = dataclasses.replace(
+        config.rollout,
+        max_turns=shape.max_turns,
+        max_tokens_per_turn=shape.max_tokens_per_turn,
+        max_context_tokens=2048,
+        temperature=1.0,
+        seed=None,
+    )
+    config.trainer = dataclasses.replace(
+        config.trainer, temperature=1.0, lr=shape.lr, dtype="float32"
+    )
     config.validate()
     t0 = time.perf_counter()
     run_train(config)
@@ -283,6 +290,9 @@ def _first_step_only(name: str, data: dict[str, Any], returncode: int, wall: flo
         model_tokens_per_step=first["model_tokens"],
         mismatch=mismatch,
         note=(
+            "vLLM dtype is vLLM's 'auto': TRL's colocate LLM() passes none and GRPOConfig has no "
+            "option, and vLLM downcasts fp32 checkpoints (vllm/config/model.py), so this sampler "
+            "is not fp32 like tir-rl's; "
             f"only step 1 could run (its first generation, so warm-up included), then "
             f"exit {returncode}: {data.get('error', 'no error recorded')[:300]}"
         ),
