@@ -1,0 +1,40 @@
+"""Every collapse-lab setting is a valid run config (keys exist, values validate)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tir_rl.config import load
+from tir_rl.run_config import RunConfig
+
+LAB = Path(__file__).resolve().parents[2] / "bench" / "collapse"
+sys.path.insert(0, str(LAB))
+
+from run import GPU_SIZE  # noqa: E402
+from settings import MISMATCHES, suite  # noqa: E402
+
+CASES = [
+    (name, mismatch, setting)
+    for name in ("corrections", "sweep", "causes")
+    for mismatch in (MISMATCHES if name == "corrections" else ["noise"])
+    for setting in suite(name, mismatch)
+]
+
+
+@pytest.mark.parametrize(
+    ("suite_name", "mismatch", "setting"), CASES, ids=lambda x: getattr(x, "name", str(x))
+)
+def test_setting_loads_on_the_base_config(suite_name, mismatch, setting) -> None:
+    for size in ((), GPU_SIZE):
+        config = load(RunConfig, LAB / "base.yaml", ["model=tiny", *size, *setting.overrides])
+        if setting.name == "no_mismatch":
+            assert not config.inject.active
+        elif setting.name != "noise_0":
+            assert config.inject.active, setting
+
+
+def test_corrections_suite_covers_every_correction_the_issue_names() -> None:
+    names = {s.name for s in suite("corrections")}
+    assert {"token_tis", "token_mis", "seq_mis", "geo_rs", "turn_mis", "veto"} <= names
+    assert {"no_mismatch", "uncorrected"} <= names
