@@ -31,6 +31,7 @@ from tir_rl.metrics import read_metrics  # noqa: E402
 _RUN = re.compile(r"^(?P<setting>.+)_s(?P<seed>\d+)$")
 _TURN = re.compile(r"^mismatch/turn_(\d+)/k3_kl$")
 ORDER = ("no_mismatch", "uncorrected", *CORRECTIONS)
+LOG_FLOOR = 1e-7
 
 
 @dataclass
@@ -137,6 +138,8 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
     for ax, (key, title, log, smooth) in zip(axes.flat, panels, strict=True):
         for setting in _ordered(by_setting):
             steps, values = _mean_curve(by_setting[setting], key, smooth)
+            if log:  # k3 of an exact sampler is ±1e-10 noise: draw it at the floor
+                values = [max(v, LOG_FLOOR) for v in values]
             if steps:
                 style = "--" if setting in ("no_mismatch", "uncorrected") else "-"
                 ax.plot(steps, values, style, label=setting, marker="." if len(steps) < 4 else "")
@@ -156,7 +159,8 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
     for setting in _ordered(by_setting):
         turns = _by_turn(by_setting[setting])
         if turns:
-            ax.plot(list(turns), list(turns.values()), marker="o", label=setting)
+            values = [max(v, LOG_FLOOR) for v in turns.values()]
+            ax.plot(list(turns), values, marker="o", label=setting)
     ax.set_yscale("log")
     ax.set_xlabel("assistant turn index")
     ax.set_title("mismatch k3 KL by turn (mean over steps and seeds)")
