@@ -59,9 +59,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return 130 if summary.interrupted else 0
     before, after = summary.accuracy_before, summary.accuracy_after
     print(f"run folder: {summary.run_dir}")
-    print(f"steps done: {summary.steps_done} in {summary.wall_time_s:.0f} s"
-          + (" (interrupted)" if summary.interrupted else "")
-          + (" (stopped by the collapse guard)" if summary.stopped_by_guard else ""))
+    print(
+        f"steps done: {summary.steps_done} in {summary.wall_time_s:.0f} s"
+        + (" (interrupted)" if summary.interrupted else "")
+        + (" (stopped by the collapse guard)" if summary.stopped_by_guard else "")
+    )
     if before is not None:
         print(f"held-out pass@1 before: {before:.3f}")
     if after is not None:
@@ -81,8 +83,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.env:
         overrides.append(f"env.id={args.env}")
     config = load(RunConfig, args.config, overrides)
-    out = Path(args.out) if args.out else Path(model if Path(model).is_dir() else ".") / (
-        "eval_report.json"
+    out = (
+        Path(args.out)
+        if args.out
+        else Path(model if Path(model).is_dir() else ".") / ("eval_report.json")
     )
     outcome = run_eval(
         config, num_tasks=args.tasks, k=args.k, samples_per_task=args.samples, report_path=out
@@ -100,10 +104,14 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     if not result.trained:
         print(f"up to date (config hash {info['config_hash']}): {result.checkpoint}")
         return 0
-    print(f"demos: {info['num_demos']} ({info['loss_tokens']} assistant tokens), "
-          f"steps: {info['steps']}, loss {info['loss_before']} -> {info['loss_after']}")
-    print(f"wall time: {info['seconds_total']:.0f} s (demos {info['seconds_demos']:.1f} s, "
-          f"training {info['seconds_train']:.0f} s)")
+    print(
+        f"demos: {info['num_demos']} ({info['loss_tokens']} assistant tokens), "
+        f"steps: {info['steps']}, loss {info['loss_before']} -> {info['loss_after']}"
+    )
+    print(
+        f"wall time: {info['seconds_total']:.0f} s (demos {info['seconds_demos']:.1f} s, "
+        f"training {info['seconds_train']:.0f} s)"
+    )
     print(f"checkpoint: {result.checkpoint}")
     return 0
 
@@ -233,8 +241,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="YAML run config, e.g. configs/quickstart.yaml")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
-    p.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
-                   help="train with N FSDP2 processes (re-runs itself under torchrun)")
+    p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=1,
+        metavar="N",
+        help="train with N FSDP2 processes (re-runs itself under torchrun)",
+    )
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser(
@@ -264,8 +277,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", help="YAML SFT config, e.g. configs/sft/multihop.yaml")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
-    p.add_argument("--force", action="store_true",
-                   help="replace an output_dir that holds a checkpoint of another config")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an output_dir that holds a checkpoint of another config",
+    )
     p.set_defaults(func=_cmd_sft)
 
     p = sub.add_parser(
@@ -321,18 +337,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("action", choices=["build", "check", "clean"])
     p.add_argument("--force", action="store_true", help="build: rebuild even if up to date")
-    p.add_argument("--packages", nargs="*", metavar="PKG",
-                   help="build: extra Python packages in the image (default: numpy sympy)")
+    p.add_argument(
+        "--packages",
+        nargs="*",
+        metavar="PKG",
+        help="build: extra Python packages in the image (default: numpy sympy)",
+    )
     p.add_argument("--config", help="check: YAML run config whose `sandbox:` section to use")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="check: override within the sandbox section, e.g. backend=bwrap")
-    p.add_argument("--backend", choices=["docker", "bwrap", "unsafe-local"],
-                   help="check: backend to test (shortcut for --set backend=...)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="check: override within the sandbox section, e.g. backend=bwrap",
+    )
+    p.add_argument(
+        "--backend",
+        choices=["docker", "bwrap", "unsafe-local"],
+        help="check: backend to test (shortcut for --set backend=...)",
+    )
     p.add_argument("--slow", action="store_true", help="check: include slow cases (64 episodes)")
-    p.add_argument("--case", action="append", default=[], metavar="NAME",
-                   help="check: run only this case (repeatable)")
-    p.add_argument("--all", action="store_true",
-                   help="clean: remove every tir-rl sandbox, not only those of dead runs")
+    p.add_argument(
+        "--case",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="check: run only this case (repeatable)",
+    )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="clean: remove every tir-rl sandbox, not only those of dead runs",
+    )
     p.set_defaults(func=_cmd_sandbox)
 
     p = sub.add_parser(
@@ -348,6 +384,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def exit_on_sigterm() -> None:
+    """Make SIGTERM unwind the stack like an exception (exit status 143).
+
+    Python's default SIGTERM handling ends the process without running `finally` blocks, which
+    leaves vLLM's engine and worker processes running (holding gigabytes each) and a training
+    run without its last checkpoint. Under torchrun the launcher owns termination, so ranks
+    keep the default there (a checkpoint would wait on collectives of ranks already gone).
+    """
+    import os
+    import signal
+    import threading
+
+    if os.environ.get("WORLD_SIZE", "1") != "1":
+        return
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def raise_system_exit(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, raise_system_exit)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `tir-rl` console script."""
     args = build_parser().parse_args(argv)
@@ -355,6 +414,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    exit_on_sigterm()
     try:
         return args.func(args)
     except TirError as exc:

@@ -32,3 +32,37 @@ def test_missing_required_option_exits_with_usage():
 def test_train_without_config_or_resume_says_what_to_give(capsys):
     assert main(["train"]) == 2
     assert "--config FILE" in capsys.readouterr().err
+
+
+def test_sigterm_unwinds_so_finally_blocks_run(monkeypatch) -> None:
+    import os
+    import signal
+
+    from tir_rl.cli import exit_on_sigterm
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    previous = signal.getsignal(signal.SIGTERM)
+    cleaned = []
+    try:
+        exit_on_sigterm()
+        with pytest.raises(SystemExit) as exc:
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before the next line
+                cleaned.append(False)
+            finally:
+                cleaned.append(True)
+        assert exc.value.code == 128 + signal.SIGTERM
+        assert cleaned == [True]  # unwound straight to the finally block
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_sigterm_keeps_the_default_under_torchrun(monkeypatch) -> None:
+    import signal
+
+    from tir_rl.cli import exit_on_sigterm
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    previous = signal.getsignal(signal.SIGTERM)
+    exit_on_sigterm()
+    assert signal.getsignal(signal.SIGTERM) is previous
