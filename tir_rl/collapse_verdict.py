@@ -94,12 +94,12 @@ def judge_run(
 ) -> CollapseVerdict:
     """Apply the collapse definition to a run's metric rows (each with a `step`)."""
     c = criteria or CollapseCriteria()
-    train = _by_step(rows, REWARD_KEY)
+    train = values_by_step(rows, REWARD_KEY)
     steps = sorted(train)
     rewards = [train[s] for s in steps]
     trailing = [statistics.fmean(rewards[max(0, i - c.smooth + 1) : i + 1])
                 for i in range(len(rewards))]  # fmt: skip
-    spikes = _spike_steps(_by_step(rows, GRAD_NORM_KEY), c)
+    spikes = _spike_steps(values_by_step(rows, GRAD_NORM_KEY), c)
 
     collapse_step, best = None, -math.inf
     for i, value in enumerate(trailing):
@@ -111,8 +111,8 @@ def judge_run(
                 break
         best = max(best, value)
 
-    alerts = sorted(s for s, n in _by_step(rows, ALERTS_KEY).items() if n > 0)
-    heldout = _by_step(rows, HELDOUT_KEY)
+    alerts = sorted(s for s, n in values_by_step(rows, ALERTS_KEY).items() if n > 0)
+    heldout = values_by_step(rows, HELDOUT_KEY)
     first_eval = heldout[min(heldout)] if heldout else None
     last_eval = heldout[max(heldout)] if len(heldout) > 1 else None
     return CollapseVerdict(
@@ -128,7 +128,7 @@ def judge_run(
     )
 
 
-def _by_step(rows: Sequence[dict[str, Any]], key: str) -> dict[int, float]:
+def values_by_step(rows: Sequence[dict[str, Any]], key: str) -> dict[int, float]:
     """Finite values of `key` by step (the last row of a step wins)."""
     out: dict[int, float] = {}
     for row in rows:

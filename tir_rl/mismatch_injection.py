@@ -177,7 +177,7 @@ class MismatchInjection:
         """
         if optimizer_step < 0:
             raise ConfigError(f"optimizer_step must be >= 0, got {optimizer_step}")
-        if not force and optimizer_step % self.config.sync_every != 0:
+        if not force and not self.syncs_after(optimizer_step):
             return None
         out = dict(state_dict)
         if self.config.logit_noise_std > 0:
@@ -188,6 +188,14 @@ class MismatchInjection:
             rounded = _round_trip(out[keys[0]], self.config.lm_head_dtype)
             out.update(dict.fromkeys(keys, rounded))  # tied keys stay one tensor
         return out
+
+    def syncs_after(self, optimizer_step: int) -> bool:
+        """Whether the sampler gets new weights after `optimizer_step` updates.
+
+        Every `sync_every`-th step, 0 included; a pure function of the step, so every rank
+        reaches the same answer.
+        """
+        return optimizer_step % self.config.sync_every == 0
 
     def noise(self, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
         """std·ε [shape] in fp32, ε ~ N(0, 1) from `noise_seed` (cached after the first call)."""

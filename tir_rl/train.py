@@ -577,12 +577,12 @@ class _TrainLoop:
         """
         from tir_rl.engine.parity import probe_parity, transformers_logprobs
 
-        if not force and self.num_updates % self.config.inject.sync_every != 0:
+        if not force and not self.injection.syncs_after(self.num_updates):
             return None  # stale sampler: every rank skips the same syncs
         full = self.trainer.rank0_full_state_dict()
-        state = self.injection.sampler_state(full, self.num_updates, force=True) if (
-            self.rank0 and self.config.inject.active
-        ) else full  # fmt: skip
+        state = full  # only rank 0 holds the full state; it is unchanged when not injecting
+        if self.rank0:
+            state = self.injection.sampler_state(full, self.num_updates, force=True)
         tolerance = self.config.run.parity_tolerance if self.injection.strict_parity else math.inf
         # The trainer side of the probe is a forward pass: with FSDP2 every rank runs it.
         trainer_logprobs = transformers_logprobs(self.trainer.model, self.probe_ids).tolist()

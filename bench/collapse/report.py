@@ -25,7 +25,7 @@ sys.path.insert(0, str(HERE))
 
 from settings import CORRECTIONS  # noqa: E402
 
-from tir_rl.collapse_verdict import CollapseVerdict, judge_run  # noqa: E402
+from tir_rl.collapse_verdict import CollapseVerdict, judge_run, values_by_step  # noqa: E402
 from tir_rl.metrics import read_metrics  # noqa: E402
 
 _RUN = re.compile(r"^(?P<setting>.+)_s(?P<seed>\d+)$")
@@ -55,15 +55,6 @@ def load_runs(root: Path) -> list[Run]:
     return runs
 
 
-def _values(rows: list[dict[str, Any]], key: str) -> dict[int, float]:
-    out = {}
-    for row in rows:
-        value = row.get(key)
-        if isinstance(value, (int, float)) and math.isfinite(value):
-            out[int(row["step"])] = float(value)
-    return out
-
-
 def _mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else math.nan
 
@@ -90,13 +81,11 @@ def table(runs: list[Run]) -> str:
         steps = [str(v.collapse_step) for v in verdicts if v.collapse_step is not None]
         alerts = [str(v.first_alert_step) for v in verdicts if v.first_alert_step is not None]
         leads = [str(v.alert_lead_steps) for v in verdicts if v.alert_lead_steps is not None]
-        k3 = _mean([_mean(list(_values(r.rows, "mismatch/k3_kl").values())) for r in group])
-        grad = max((max(_values(r.rows, "train/grad_norm").values(), default=math.nan)
+        k3 = _mean([_mean(list(values_by_step(r.rows, "mismatch/k3_kl").values())) for r in group])
+        grad = max((max(values_by_step(r.rows, "train/grad_norm").values(), default=math.nan)
                     for r in group), default=math.nan)  # fmt: skip
-        masked = _mean([
-            _mean(list(_values(r.rows, "mismatch/correction/masked_token_fraction").values()))
-            for r in group
-        ])  # fmt: skip
+        masked_key = "mismatch/correction/masked_token_fraction"
+        masked = _mean([_mean(list(values_by_step(r.rows, masked_key).values())) for r in group])
         before = _mean([v.heldout_before for v in verdicts if v.heldout_before is not None])
         after = _mean([v.heldout_after for v in verdicts if v.heldout_after is not None])
         lines.append(
@@ -176,7 +165,7 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
 def _mean_curve(runs: list[Run], key: str, smooth: int) -> tuple[list[int], list[float]]:
     per_step: dict[int, list[float]] = defaultdict(list)
     for run in runs:
-        values = _values(run.rows, key)
+        values = values_by_step(run.rows, key)
         steps = sorted(values)
         for i, step in enumerate(steps):
             window = [values[s] for s in steps[max(0, i - smooth + 1) : i + 1]]
