@@ -9,6 +9,7 @@ test knowledge base never share an entity name.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tir_rl.envs.episode import Split
@@ -67,14 +68,57 @@ class KnowledgeBase:
         return path
 
 
-def generate_kb(rng: random.Random, split: Split, num_per_kind: int) -> KnowledgeBase:
-    """A knowledge base with `num_per_kind` entities of each kind."""
-    first, last = _half(_FIRST, split), _half(_LAST, split)
-    pools = {
-        "person": [f"{a} {b}" for a in first for b in last],
-        "company": [f"{a} {b}" for a in _half(_COMPANY, split) for b in _COMPANY_SUFFIX],
-        "city": [f"{a} {b}" for a in _CITY_PREFIX for b in _half(_CITY, split)],
+_ONSETS = "b c d f g h j k l m n p r s t v w z br dr gr kr st th sh tr".split()
+_VOWELS = "a e i o u ai ea io".split()
+_CODAS = ["", "", "", "n", "r", "l", "s", "th", "nd", "x"]
+
+
+def _invented_word(rng: random.Random) -> str:
+    """A pronounceable made-up word of 2-3 syllables, capitalised."""
+    syllables = [
+        rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS)
+        for _ in range(rng.choice((2, 2, 3)))
+    ]
+    return "".join(syllables).capitalize()
+
+
+def _invented_pools(rng: random.Random, num_per_kind: int) -> dict[str, list[str]]:
+    """Name pools of made-up words, new for every knowledge base."""
+
+    def unique(make: Callable[[], str]) -> list[str]:
+        names: set[str] = set()
+        while len(names) < 2 * num_per_kind:
+            names.add(make())
+        return sorted(names)
+
+    return {
+        "person": unique(lambda: f"{_invented_word(rng)} {_invented_word(rng)}"),
+        "company": unique(lambda: f"{_invented_word(rng)} {rng.choice(_COMPANY_SUFFIX)}"),
+        "city": unique(lambda: f"{rng.choice(_CITY_PREFIX)} {_invented_word(rng)}"),
     }
+
+
+def generate_kb(
+    rng: random.Random, split: Split, num_per_kind: int, *, invented_names: bool = False
+) -> KnowledgeBase:
+    """A knowledge base with `num_per_kind` entities of each kind.
+
+    Args:
+        rng: the task's random stream.
+        split: picks the half of the name pools (train and test never share a name).
+        num_per_kind: entities of each kind.
+        invented_names: name entities with made-up words drawn from `rng` instead of the
+            split's pools (every knowledge base gets names no other one is likely to have).
+    """
+    if invented_names:
+        pools = _invented_pools(rng, num_per_kind)
+    else:
+        first, last = _half(_FIRST, split), _half(_LAST, split)
+        pools = {
+            "person": [f"{a} {b}" for a in first for b in last],
+            "company": [f"{a} {b}" for a in _half(_COMPANY, split) for b in _COMPANY_SUFFIX],
+            "city": [f"{a} {b}" for a in _CITY_PREFIX for b in _half(_CITY, split)],
+        }
     kb = KnowledgeBase()
     by_kind: dict[str, list[str]] = {}
     for kind, pool in pools.items():

@@ -56,6 +56,10 @@ class MultiHopEnv(ToolEnv):
         """Knowledge base size per kind (None: ``min(6 + horizon, 80)``)."""
         progress_reward: float = 0.0
         """Weight of the per-hop progress shaping term (0: off)."""
+        invented_names: bool = False
+        """Name entities with made-up words, new in every task, instead of the split's name
+        pools: the answer can only be found by copying names from the tool results, never
+        recalled (demonstrations for models trained from scratch use this)."""
 
         def validate(self) -> None:
             """Check values; raise `ConfigError` naming the bad field."""
@@ -136,7 +140,7 @@ class MultiHopEnv(ToolEnv):
         horizon = self.config.horizon
         rng = random.Random(f"tir_rl/MultiHop/{self.split}/{horizon}/{index}")
         size = self.config.entities_per_kind or min(6 + horizon, 80)
-        kb = generate_kb(rng, self.split, size)
+        kb = generate_kb(rng, self.split, size, invented_names=self.config.invented_names)
         start, relations = random_chain(rng, kb, horizon)
         steps = "\n".join(f"{i + 1}. {r}" for i, r in enumerate(relations))
         question = (

@@ -143,3 +143,23 @@ def test_reset_is_deterministic_per_seed():
 def test_bad_horizon_is_a_config_error(horizon):
     with pytest.raises(ConfigError, match="horizon"):
         MultiHopEnv(horizon=horizon)
+
+
+def test_invented_names_are_new_per_task_solvable_and_deterministic():
+    env = gym.make("tir_rl/MultiHop-v0", horizon=4, split="test", invented_names=True)
+    pool_names = {
+        name
+        for index in range(20)
+        for name in MultiHopEnv(horizon=4, split="test").generate_task(index).data["kb"].kinds
+    }
+    seen: list[set[str]] = []
+    for seed in range(5):
+        reward, num_lookups, _ = _oracle_episode(env, seed)
+        assert (reward, num_lookups) == (1.0, 4)
+        names = set(env.unwrapped.generate_task(seed).data["kb"].kinds)
+        assert not names & pool_names
+        assert all(not names & earlier for earlier in seen)
+        seen.append(names)
+    again = MultiHopEnv(horizon=4, split="test", invented_names=True)
+    assert again.reset(seed=2)[0] == env.reset(seed=2)[0]
+    env.close()
