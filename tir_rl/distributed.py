@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tir_rl.errors import ConfigError
+
 
 class ReduceOp(StrEnum):
     """How a scalar is combined across ranks."""
@@ -56,6 +58,29 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
+def check_backend(device: torch.device) -> None:
+    """Refuse a process group whose backend cannot serve `device`'s tensors.
+
+    gloo cannot run FSDP2 collectives on CUDA tensors (it crashes, it does not raise), and
+    NCCL cannot reduce CPU tensors, so the group's backend must be `backend_for(device)`.
+
+    Raises:
+        ConfigError: a process group exists and its backend does not match the device.
+    """
+    if not is_initialized():
+        return
+    backend = str(dist.get_backend()).lower()
+    expected = backend_for(device)
+    names = {part.rsplit(":", 1)[-1] for part in backend.split(",")}  # "cpu:gloo,cuda:nccl"
+    if expected not in names:
+        raise ConfigError(
+            f"The process group uses backend {backend!r} but the trainer runs on {device}, "
+            f"which needs {expected!r}. Initialize the group with "
+            f"tir_rl.distributed.init_process_group(device=...) for the trainer's device, or "
+            f"set trainer.device to match the backend."
+        )
+
+
 def init_process_group(
     *,
     device: torch.device | None = None,
@@ -83,6 +108,8 @@ def init_process_group(
         Whether a process group is initialized after the call.
     """
     if is_initialized():
+        if device is not None:
+            check_backend(device)
         return True
     world_size = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:

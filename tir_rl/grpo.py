@@ -58,14 +58,15 @@ def group_advantages(
     rewards = rewards.to(torch.float32)
     _, group = torch.unique(group_ids, return_inverse=True)
     num_groups = int(group.max().item()) + 1 if group.numel() else 0
-    counts = torch.zeros(num_groups).index_add_(0, group, torch.ones_like(rewards))
-    mean = torch.zeros(num_groups).index_add_(0, group, rewards) / counts
+    dev = rewards.device
+    counts = torch.zeros(num_groups, device=dev).index_add_(0, group, torch.ones_like(rewards))
+    mean = torch.zeros(num_groups, device=dev).index_add_(0, group, rewards) / counts
     centered = rewards - mean[group]
-    lo = torch.full((num_groups,), torch.inf).scatter_reduce(0, group, rewards, "amin")
-    hi = torch.full((num_groups,), -torch.inf).scatter_reduce(0, group, rewards, "amax")
+    lo = torch.full((num_groups,), torch.inf, device=dev).scatter_reduce(0, group, rewards, "amin")
+    hi = torch.full((num_groups,), -torch.inf, device=dev).scatter_reduce(0, group, rewards, "amax")
     degenerate_group = lo == hi
     if normalize_std:
-        sq = torch.zeros(num_groups).index_add_(0, group, centered.square())
+        sq = torch.zeros(num_groups, device=dev).index_add_(0, group, centered.square())
         std = (sq / (counts - 1).clamp(min=1)).sqrt()
         centered = centered / (std[group] + eps)
     degenerate = degenerate_group[group]
@@ -269,15 +270,15 @@ def _metrics(
     high = valid & (adv > 0) & (ratio > 1 + cfg.clip_high)
     r = ratio[valid]
     policy_kl = k3(-log_ratio)[valid].sum() / denom
-    ref = ref_kl[valid].sum() / denom if ref_kl is not None else torch.zeros(())
+    ref = ref_kl[valid].sum() / denom if ref_kl is not None else loss.new_zeros(())
     values = torch.stack(
         [
             loss.detach(),
             low.sum() / denom,
             high.sum() / denom,
             r.sum() / denom,
-            r.min() if n else torch.ones(()),
-            r.max() if n else torch.ones(()),
+            r.min() if n else ratio.new_ones(()),
+            r.max() if n else ratio.new_ones(()),
             policy_kl,
             ref.to(loss.dtype),
         ]

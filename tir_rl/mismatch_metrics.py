@@ -98,8 +98,8 @@ def _moment_stats(w: Tensor, cap: float, prefix: str, out: dict[str, Tensor]) ->
     out[f"{prefix}_min"] = w.min()
     out[f"{prefix}_max"] = w.max()
     out[f"{prefix}_ess"] = 1.0 / normalized.square().mean()
-    out[f"{prefix}_fraction_high"] = (w > cap).float().mean() if n else torch.zeros(())
-    out[f"{prefix}_fraction_low"] = (w < 1.0 / cap).float().mean() if n else torch.zeros(())
+    out[f"{prefix}_fraction_high"] = (w > cap).float().mean() if n else w.new_zeros(())
+    out[f"{prefix}_fraction_low"] = (w < 1.0 / cap).float().mean() if n else w.new_zeros(())
 
 
 def _bucket_table(bucket: Tensor, num_buckets: int, columns: Tensor) -> Tensor:
@@ -169,7 +169,7 @@ def mismatch_metrics(
     out["chi2_token"] = token_mean(rho.square()) - 1
     abs_delta = delta.abs()
     out["abs_diff_mean"] = token_mean(abs_delta)
-    out["abs_diff_max"] = abs_delta.max() if abs_delta.numel() else torch.zeros(())
+    out["abs_diff_max"] = abs_delta.max() if abs_delta.numel() else abs_delta.new_zeros(())
     out["token_mult_prob_error"] = token_mean(torch.exp(abs_delta))
 
     # Sequence level: means over sequences with at least one model token.
@@ -190,8 +190,8 @@ def mismatch_metrics(
     out["log_ppl_diff"] = seq_mean(log_ppl_diff)
     out["log_ppl_abs_diff"] = seq_mean(log_ppl_diff.abs())
     kept = log_ppl_diff[has_tokens]
-    out["log_ppl_diff_max"] = kept.max() if kept.numel() else torch.zeros(())
-    out["log_ppl_diff_min"] = kept.min() if kept.numel() else torch.zeros(())
+    out["log_ppl_diff_max"] = kept.max() if kept.numel() else kept.new_zeros(())
+    out["log_ppl_diff_min"] = kept.min() if kept.numel() else kept.new_zeros(())
     out["ppl_ratio"] = seq_mean(clamped_exp(log_ppl_diff))
     rho_seq = clamped_exp(seq_sum)
     out["chi2_seq"] = seq_mean(rho_seq.square()) - 1
@@ -205,8 +205,8 @@ def mismatch_metrics(
     flat_abs = abs_delta[valid]
     num_top = max(1, math.ceil(top_fraction * flat_abs.numel())) if flat_abs.numel() else 0
     total_abs = flat_abs.sum()
-    top = torch.topk(flat_abs, num_top).values.sum() if num_top else torch.zeros(())
-    share = torch.where(total_abs > 0, top / total_abs.clamp(min=1e-30), torch.zeros(()))
+    top = torch.topk(flat_abs, num_top).values.sum() if num_top else flat_abs.new_zeros(())
+    share = torch.where(total_abs > 0, top / total_abs.clamp(min=1e-30), total_abs.new_zeros(()))
     out[f"top{_percent(top_fraction)}pct_abs_diff_share"] = share
 
     keys = list(out)

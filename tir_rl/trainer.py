@@ -26,6 +26,7 @@ micro-batches; the shorter ones run empty passes so the collectives stay matched
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
@@ -114,7 +115,11 @@ class Trainer:
         temperature: float = 1.0
         """Sampling temperature; must equal the sampler's (logits are divided by it)."""
         dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-        """Parameter and compute dtype (float32 on the CPU; logprobs are always float32)."""
+        """Compute dtype of the forward and backward passes. Parameters, gradients and the
+        AdamW state stay float32 (master weights) whatever this is; bfloat16/float16 run the
+        matrix products in that dtype (autocast on one rank, FSDP2 `MixedPrecisionPolicy`
+        when sharded, gradients reduced in float32). Logprobs, entropy and loss are always
+        float32. float16 gets no loss scaling: prefer bfloat16."""
         packing: Packing = Packing.PACKED
         """`packed` (padding-free rows), `bucketed` (length-sorted padded micro-batches) or
         `padded` (batch order, for comparison). On the CPU with sdpa, packed rows need an
@@ -160,18 +165,20 @@ class Trainer:
         seed_everything(self.config.seed + tdist.rank())
         self.device = _pick_device(self.config.device)
         self.model_path = resolve_model(self.config.model)
+        self.compute_dtype = _DTYPES[self.config.dtype]
         model = AutoModelForCausalLM.from_pretrained(
             self.model_path,
-            dtype=_DTYPES[self.config.dtype],
+            dtype=torch.float32,  # master weights; the compute dtype is applied per pass
             attn_implementation=self.config.attn_implementation,
         )
         model.config.use_cache = False
         if self.config.grad_checkpointing:
             model.gradient_checkpointing_enable()
         model.to(self.device)
+        tdist.check_backend(self.device)
         self.sharded = tdist.world_size() > 1
         if self.sharded:
-            _apply_fsdp2(model)
+            _apply_fsdp2(model, self.compute_dtype)
         self.model: nn.Module = model
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
@@ -233,12 +240,13 @@ class Trainer:
         """[n] token logprobs (grad if enabled) and, if asked, [n] detached entropies."""
         keep = torch.unique(mb.pred_pos)  # sorted; lm_head runs on these columns only
         column = torch.searchsorted(keep, mb.pred_pos)
-        output = self.model(
-            input_ids=mb.input_ids.to(self.device),
-            position_ids=mb.position_ids.to(self.device),
-            logits_to_keep=keep.to(self.device),
-            use_cache=False,
-        )
+        with self._autocast():
+            output = self.model(
+                input_ids=mb.input_ids.to(self.device),
+                position_ids=mb.position_ids.to(self.device),
+                logits_to_keep=keep.to(self.device),
+                use_cache=False,
+            )
         if mb.input_ids.shape[0] == 1 and len(keep) == len(column):
             logits = output.logits[0]  # packed row: kept columns are exactly the tokens, in order
         else:
@@ -251,10 +259,20 @@ class Trainer:
         lse = torch.logsumexp(logits, dim=-1)
         return target_logits - lse, token_entropy(logits, lse) if entropy else None
 
+    def _autocast(self) -> contextlib.AbstractContextManager[object]:
+        """Run the forward in the compute dtype over float32 parameters (one rank only).
+
+        Sharded, FSDP2's `MixedPrecisionPolicy` casts the gathered parameters instead.
+        """
+        if self.compute_dtype == torch.float32 or self.sharded:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
+
     def _empty_pass(self, *, backward: bool) -> None:
         """A one-token pass contributing nothing, to keep FSDP collectives matched."""
         ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
-        logits = self.model(input_ids=ids, use_cache=False).logits
+        with self._autocast():
+            logits = self.model(input_ids=ids, use_cache=False).logits
         if backward:
             (logits.float().sum() * 0.0).backward()
 
@@ -510,10 +528,15 @@ def _pick_device(name: str) -> torch.device:
     return device
 
 
-def _apply_fsdp2(model: nn.Module) -> None:
-    """fully_shard every decoder layer, then the root; gradients summed across ranks."""
-    from torch.distributed.fsdp import fully_shard
+def _apply_fsdp2(model: nn.Module, compute_dtype: torch.dtype) -> None:
+    """fully_shard every decoder layer, then the root; gradients summed across ranks.
 
+    Parameters stay float32 shards (the optimizer's masters); they are gathered in
+    `compute_dtype` and gradients are reduced in float32.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     layer_classes = set(getattr(model, "_no_split_modules", None) or ())
     layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
     if not layers:
@@ -522,6 +545,6 @@ def _apply_fsdp2(model: nn.Module) -> None:
             "(its `_no_split_modules` names none of its submodules)."
         )
     for module in [*layers, model]:
-        fully_shard(module)
+        fully_shard(module, mp_policy=policy)
         module.set_gradient_divide_factor(1.0)
         module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tir_rl.models import TinyModelSpec, prepare_tiny_model
 from tir_rl.trainer import Trainer
@@ -13,10 +14,20 @@ def tiny_model_path():
     return prepare_tiny_model(TinyModelSpec())
 
 
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+"""Every trainer test runs on each available device: the same suite must pass on both."""
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> str:
+    return request.param
+
+
 @pytest.fixture
-def make_trainer(tiny_model_path):
+def make_trainer(tiny_model_path, device):
     def build(**overrides) -> Trainer:
-        config = Trainer.Config(model=str(tiny_model_path), **{"lr": 1e-3, **overrides})
+        defaults = {"lr": 1e-3, "device": device}
+        config = Trainer.Config(model=str(tiny_model_path), **{**defaults, **overrides})
         return Trainer(config)
 
     return build

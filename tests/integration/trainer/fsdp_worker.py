@@ -22,8 +22,12 @@ ADVANTAGES = torch.tensor([1.0, -1.0, 0.5, -0.25])
 
 
 def main(out: Path, rank: int, world_size: int, port: int, model: str) -> None:
-    tdist.init_process_group(rank=rank, world_size=world_size, master_port=port)
-    trainer = Trainer(Trainer.Config(model=model, lr=1e-3, micro_batch_tokens=24))
+    # One GPU per rank when there are enough, else CPU; the backend follows the device.
+    use_cuda = torch.cuda.device_count() >= world_size
+    device = torch.device("cuda", rank) if use_cuda else torch.device("cpu")
+    tdist.init_process_group(device=device, rank=rank, world_size=world_size, master_port=port)
+    config = Trainer.Config(model=model, lr=1e-3, micro_batch_tokens=24, device=str(device))
+    trainer = Trainer(config)
     assert trainer.sharded == (world_size > 1)
     batch = make_batch(seed=1, shapes=SHAPES)
     per = batch.num_sequences // world_size
