@@ -88,28 +88,85 @@ class Aggregation(StrEnum):
     """Mean over each sequence's tokens, then mean over the global batch's sequences (GRPO)."""
 
 
+_METRIC_NAMES = (
+    "loss",
+    "num_tokens",
+    "clip_fraction_low",
+    "clip_fraction_high",
+    "ratio_mean",
+    "ratio_min",
+    "ratio_max",
+    "policy_kl",
+    "ref_kl",
+)
+
+
 @dataclass(frozen=True)
 class PolicyLossMetrics:
-    """Diagnostics of one loss call, computed without gradients over the local tokens."""
+    """Diagnostics of one loss call, computed without gradients over the local tokens.
 
-    loss: float
-    num_tokens: int
-    """Model tokens in this call (after rejections)."""
-    clip_fraction_low: float
-    """Share of tokens where the lower clip is active (A < 0 and r < 1 − clip_low)."""
-    clip_fraction_high: float
-    """Share of tokens where the upper clip is active (A > 0 and r > 1 + clip_high)."""
-    ratio_mean: float
-    ratio_min: float
-    ratio_max: float
-    policy_kl: float
-    """k3 estimate of KL(old ‖ θ): how far this update moved the policy."""
-    ref_kl: float
-    """k3 estimate of KL(θ ‖ ref); 0 without a reference."""
+    The values stay in one tensor on the loss's device, so building them costs no host
+    sync; reading a field (or `to_dict`) copies them to the host.
+    """
+
+    values: Tensor
+    """[9] float32, in the order of the properties below."""
+
+    def _get(self, name: str) -> float:
+        return float(self.values[_METRIC_NAMES.index(name)])
+
+    @property
+    def loss(self) -> float:
+        """The loss value of this call."""
+        return self._get("loss")
+
+    @property
+    def num_tokens(self) -> int:
+        """Model tokens in this call (after rejections)."""
+        return int(self._get("num_tokens"))
+
+    @property
+    def clip_fraction_low(self) -> float:
+        """Share of tokens where the lower clip is active (A < 0 and r < 1 − clip_low)."""
+        return self._get("clip_fraction_low")
+
+    @property
+    def clip_fraction_high(self) -> float:
+        """Share of tokens where the upper clip is active (A > 0 and r > 1 + clip_high)."""
+        return self._get("clip_fraction_high")
+
+    @property
+    def ratio_mean(self) -> float:
+        """Mean ratio r over the tokens."""
+        return self._get("ratio_mean")
+
+    @property
+    def ratio_min(self) -> float:
+        """Smallest ratio r (1 without tokens)."""
+        return self._get("ratio_min")
+
+    @property
+    def ratio_max(self) -> float:
+        """Largest ratio r (1 without tokens)."""
+        return self._get("ratio_max")
+
+    @property
+    def policy_kl(self) -> float:
+        """k3 estimate of KL(old ‖ θ): how far this update moved the policy."""
+        return self._get("policy_kl")
+
+    @property
+    def ref_kl(self) -> float:
+        """k3 estimate of KL(θ ‖ ref); 0 without a reference."""
+        return self._get("ref_kl")
+
+    def names(self, prefix: str = "loss") -> list[str]:
+        """Keys of `to_dict`, in the order of `values`."""
+        return [f"{prefix}/{name}" for name in _METRIC_NAMES]
 
     def to_dict(self, prefix: str = "loss") -> dict[str, float]:
-        """Flat metrics for the logger, keys `prefix/name`."""
-        return {f"{prefix}/{k}": float(v) for k, v in self.__dict__.items()}
+        """Flat metrics for the logger, keys `prefix/name` (one host copy)."""
+        return dict(zip(self.names(prefix), self.values.tolist(), strict=True))
 
 
 def k3(log_ratio: Tensor) -> Tensor:
@@ -146,6 +203,11 @@ def aggregate(
             denom = int((num_tokens > 0).sum())
     total = torch.where(valid, scaled, torch.zeros_like(scaled)).sum()
     return total / max(denom, 1)
+
+
+def global_normalizer(aggregation: Aggregation, *, num_tokens: int, num_sequences: int) -> int:
+    """D of `aggregate` for the global batch: tokens (token-mean) or sequences (seq-mean)."""
+    return max(num_tokens if aggregation is Aggregation.TOKEN_MEAN else num_sequences, 1)
 
 
 def _broadcast_advantages(advantages: Tensor, like: Tensor) -> Tensor:
@@ -190,6 +252,16 @@ class GRPOLoss:
     def __init__(self, config: Config | None = None) -> None:
         self.config = config if config is not None else GRPOLoss.Config()
         self.config.validate()
+
+    def global_normalizer(self, *, num_tokens: int, num_sequences: int) -> int:
+        """The D this loss divides by, given the global counts (see `aggregate`).
+
+        A caller that sums unnormalized micro-batch losses (`num_global_tokens=1`,
+        `num_global_sequences=1`) divides the summed gradient by this afterwards.
+        """
+        return global_normalizer(
+            self.config.aggregation, num_tokens=num_tokens, num_sequences=num_sequences
+        )
 
     def __call__(
         self,
@@ -264,36 +336,32 @@ def _metrics(
     ref_kl: Tensor | None,
     cfg: GRPOLoss.Config,
 ) -> PolicyLossMetrics:
-    n = int(valid.sum())
-    denom = max(n, 1)
+    n = valid.sum()
+    denom = n.clamp(min=1)
     low = valid & (adv < 0) & (ratio < 1 - cfg.clip_low)
     high = valid & (adv > 0) & (ratio > 1 + cfg.clip_high)
-    r = ratio[valid]
-    policy_kl = k3(-log_ratio)[valid].sum() / denom
-    ref = ref_kl[valid].sum() / denom if ref_kl is not None else loss.new_zeros(())
+    inf = torch.full_like(ratio, torch.inf)
+    policy_kl = torch.where(valid, k3(-log_ratio), torch.zeros_like(ratio)).sum() / denom
+    ref = (
+        torch.where(valid, ref_kl, torch.zeros_like(ratio)).sum() / denom
+        if ref_kl is not None
+        else None
+    )
+    has = n > 0
     values = torch.stack(
         [
-            loss.detach(),
+            loss.detach().float(),
+            n.float(),
             low.sum() / denom,
             high.sum() / denom,
-            r.sum() / denom,
-            r.min() if n else ratio.new_ones(()),
-            r.max() if n else ratio.new_ones(()),
+            torch.where(valid, ratio, torch.zeros_like(ratio)).sum() / denom,
+            torch.where(has, torch.where(valid, ratio, inf).min(), ratio.new_ones(())),
+            torch.where(has, torch.where(valid, ratio, -inf).max(), ratio.new_ones(())),
             policy_kl,
-            ref.to(loss.dtype),
+            ref if ref is not None else ratio.new_zeros(()),
         ]
-    ).tolist()
-    return PolicyLossMetrics(
-        loss=values[0],
-        num_tokens=n,
-        clip_fraction_low=values[1],
-        clip_fraction_high=values[2],
-        ratio_mean=values[3],
-        ratio_min=values[4],
-        ratio_max=values[5],
-        policy_kl=values[6],
-        ref_kl=values[7],
-    )
+    ).float()
+    return PolicyLossMetrics(values)
 
 
 class ReinforceLoss:
@@ -313,6 +381,16 @@ class ReinforceLoss:
 
     def __init__(self, config: Config | None = None) -> None:
         self.config = config if config is not None else ReinforceLoss.Config()
+
+    def global_normalizer(self, *, num_tokens: int, num_sequences: int) -> int:
+        """The D this loss divides by, given the global counts (see `aggregate`).
+
+        A caller that sums unnormalized micro-batch losses (`num_global_tokens=1`,
+        `num_global_sequences=1`) divides the summed gradient by this afterwards.
+        """
+        return global_normalizer(
+            self.config.aggregation, num_tokens=num_tokens, num_sequences=num_sequences
+        )
 
     def __call__(
         self,

@@ -7,7 +7,7 @@
     │                   ▼
     │                 rewards ─► group advantages (GRPO)
     │                   ▼
-    │                 Trainer.train_step: recompute ℓ^old ─► mismatch metrics ─► correction
+    │                 Trainer.train_step: ℓ^old (update forward) ─► mismatch metrics ─► correction
     │                   │                  ─► PPO-clip loss ─► clip ─► AdamW (or skip)
     │                   ▼
     └── weight sync: trainer state dict ─► engine.update_weights ─► parity probe
@@ -415,11 +415,11 @@ class _TrainLoop:
         result, local_logprobs, parity = None, None, None
         if work.batch is not None:
             self._all_failed_steps = 0
-            local_logprobs = self.trainer.compute_logprobs(work.batch)
-            if work.advantages is not None:
-                result = self.trainer.train_step(
-                    work.batch, work.advantages, old_logprobs=local_logprobs, guard=self.guard
-                )
+            if work.advantages is not None:  # one forward per micro-batch; it returns ℓ^old
+                result = self.trainer.train_step(work.batch, work.advantages, guard=self.guard)
+                local_logprobs = result.logprobs
+            else:
+                local_logprobs = self.trainer.compute_logprobs(work.batch)
         else:
             self._all_failed_steps += 1
             if self.rank0:

@@ -1,17 +1,29 @@
 """FSDP2 policy trainer: logprob recompute, mismatch correction, GRPO update, weights for sync.
 
-One `train_step` on each rank, on that rank's share of the global batch::
+One `train_step` on each rank, on that rank's share of the global batch. Without
+`old_logprobs` it makes one forward per micro-batch (the weights that would recompute ℓ^old
+are the update's own, so ℓ^old = ℓ^θ detached)::
 
-    TrainBatch ──► compute_logprobs (no grad, micro-batches) ──► ℓ_old        [B, T]
-        │                                                         │
-        │ sampler logprobs ℓ_μ ──────────► mismatch_metrics(ℓ_old, ℓ_μ) ──► mismatch/*
-        │                                  correction(ℓ_old, ℓ_μ) ──► weights w, mask m′
-        │                                                         │
-        │               global normalizer N = Σ m′ over all micro-batches and ranks
-        ▼                                                         ▼
-    micro-batches (packed) ──► forward ℓ_θ ──► GRPOLoss(ℓ_θ, ℓ_old, A, m′, w, N) ──► backward
-                                                                  │
+    micro-batch (packed) ──► forward ℓ_θ ──► ℓ_old := sg(ℓ_θ)
+        │ sampler logprobs ℓ_μ ──► correction(ℓ_old, ℓ_μ) of its sequences ──► weights w, mask m′
+        ▼
+    GRPOLoss(ℓ_θ, ℓ_old, A, m′, w), summed (not normalized) ──► backward
+    ...after the last micro-batch:
+    batch ℓ_old ──► mismatch_metrics, correction stats ──► N = Σ m′ (tokens or sequences,
+        all ranks) ──► gradients ÷ N
     grad norm (pre-clip, global) ──► non-finite? skip and count ──► guard? ──► clip ──► AdamW
+
+With `old_logprobs` given (several optimizer steps on one batch), or with a correction that
+normalizes weights over the batch (`batch_normalize`, recomputed with a no-grad pass first),
+the whole batch is corrected before the loop and the micro-batches use its rows. The
+correction is per sequence otherwise and a sequence is never split across micro-batches, so
+both paths give the same update. Inside the loop nothing is read back to the host (loss,
+entropy and loss metrics accumulate on the device), except what a rejecting or
+importance-sampling correction needs for its data-dependent shapes.
+
+Precision: parameters, gradients and AdamW state are float32 (master weights); `dtype` is
+the compute dtype (autocast on one rank, FSDP2 `MixedPrecisionPolicy` when sharded);
+logits are cast to float32 before the log-softmax, entropy and loss.
 
 The trainer's logprob of completion token t comes from the logits at position t − 1 over the
 full prompt + completion context (all turns), divided by the sampler's temperature, through
@@ -31,7 +43,6 @@ import logging
 import math
 import random
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -44,7 +55,14 @@ from tir_rl.batch import MicroBatch, Packing, TrainBatch, plan_micro_batches
 from tir_rl.collapse_guard import CollapseGuard, GuardAction, GuardDecision
 from tir_rl.errors import ConfigError
 from tir_rl.grpo import GRPOLoss
-from tir_rl.mismatch import BypassMode, MismatchCorrection, correction, mismatch_metrics
+from tir_rl.mismatch import (
+    BypassMode,
+    CorrectionResult,
+    ISLevel,
+    MismatchCorrection,
+    correction,
+    mismatch_metrics,
+)
 from tir_rl.models import resolve_model
 
 logger = logging.getLogger(__name__)
@@ -69,6 +87,10 @@ class PolicyLoss(Protocol):
         """Return the globally normalized loss of a micro-batch and its metrics."""
         ...
 
+    def global_normalizer(self, *, num_tokens: int, num_sequences: int) -> int:
+        """The global D the loss divides by, from the global token and sequence counts."""
+        ...
+
 
 @dataclass
 class StepResult:
@@ -84,6 +106,23 @@ class StepResult:
     """`train/...` and `mismatch/...` metrics, identical on every rank."""
     guard: GuardDecision | None = None
     """The collapse guard's verdict, when a guard was given."""
+    logprobs: torch.Tensor | None = None
+    """[B, T] float32 (CPU) trainer logprobs ℓ^old the step used, for every completion token
+    (tool/rendered tokens included; 0 past each completion's end): the given `old_logprobs`,
+    or the update forward's own detached ℓ^θ in the one-pass path."""
+
+
+@dataclass
+class _UpdatePass:
+    """What the micro-batch loop of one step leaves behind."""
+
+    logprobs: torch.Tensor
+    """[B, T] float32 CPU, detached ℓ^θ of every completion token."""
+    sums: torch.Tensor
+    """[2] float64 on the device: unnormalized loss sum, entropy sum over model tokens."""
+    metric_names: list[str]
+    metric_rows: list[torch.Tensor]
+    """Per micro-batch, on the device: [1 + len(metric_names)], its loss-token count first."""
 
     @property
     def stop(self) -> bool:
@@ -288,16 +327,24 @@ class Trainer:
     ) -> StepResult:
         """One optimizer step on this rank's share of the global batch.
 
+        Without `old_logprobs` the step makes one forward per micro-batch: with one optimizer
+        step per batch the weights that would recompute ℓ^old are the update's own, so
+        ℓ^old = ℓ^θ detached. Each micro-batch's sequences are corrected on their own (the
+        correction is per sequence) and their loss is summed unnormalized; the gradient is
+        divided by the global normalizer once it is known, after the last micro-batch. A
+        correction with `batch_normalize` needs the whole batch's weights first, so it keeps
+        the two-pass path (no-grad recompute, then the update).
+
         Args:
             batch: this rank's sequences.
             advantages: [B] GRPO advantage per sequence.
             old_logprobs: [B, T] trainer logprobs under the weights that sampled the batch;
-                recomputed here when None (pass them to reuse one recompute over several
-                steps on the same batch).
+                pass them to reuse one recompute over several steps on the same batch.
             guard: collapse guard consulted before the update is applied.
 
         Returns:
-            The loss, pre-clip gradient norm, whether the step was skipped, and metrics.
+            The loss, pre-clip gradient norm, whether the step was skipped, metrics, and the
+            ℓ^old used ([B, T] float32 on the CPU, every completion token).
         """
         t_start = time.perf_counter()
         advantages = advantages.detach().float().cpu()
@@ -305,52 +352,42 @@ class Trainer:
             raise ConfigError(
                 f"advantages must have shape [{batch.num_sequences}], got {tuple(advantages.shape)}"
             )
-        if old_logprobs is None:
+        presplit = None
+        if old_logprobs is None and self.correction_config.batch_normalize:
             old_logprobs = self.compute_logprobs(batch)
-        old_logprobs = old_logprobs.detach().float().cpu()
+        if old_logprobs is not None:  # two-pass: correct the whole batch before the loop
+            old_logprobs = old_logprobs.detach().float().cpu()
+            presplit = self._correct(batch, old_logprobs)
         t_logprobs = time.perf_counter()
 
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        update = self._update_pass(batch, advantages, old_logprobs, presplit)
+        t_backward = time.perf_counter()
+
+        if old_logprobs is None:
+            old_logprobs = update.logprobs
+        # The batch's metrics and stats, from the same ℓ^old as the micro-batches used.
         metrics = mismatch_metrics(
             old_logprobs, batch.sampler_logprobs, batch.loss_mask, batch.turn_ids
         )
-        corrected = correction(
-            old_logprobs,
-            batch.sampler_logprobs,
-            batch.loss_mask,
-            batch.turn_ids,
-            self.correction_config,
-        )
-        weights = corrected.weights.detach()
-        mask = corrected.loss_mask.detach().bool()
+        corrected = presplit if presplit is not None else self._correct(batch, old_logprobs)
+        mask = corrected.loss_mask.bool()
         metrics.update(corrected.stats.to_dict())
-        if self.correction_config.bypass is BypassMode.PPO_CLIP:
-            old_logprobs = batch.sampler_logprobs  # ℓ^old := ℓ^μ; weights are all 1
         t_mismatch = time.perf_counter()
 
         num_tokens = tdist.all_reduce_count(int(mask.sum()))
         num_sequences = tdist.all_reduce_count(int(mask.any(dim=-1).sum()))
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        local_loss = 0.0
-        entropy_sum = 0.0  # over mask-1 tokens, from the logits of the update's forward
-        collected: list[tuple[float, dict[str, float]]] = []
-        for mb in self._matched(self._plan(batch)):
-            if mb is None:
-                self._empty_pass(backward=True)
-                continue
-            loss, mb_metrics, entropy = self._micro_loss(
-                mb, old_logprobs, advantages, mask, weights, num_tokens, num_sequences
-            )
-            loss.backward()
-            model_token = batch.loss_mask[mb.seq_indices[mb.dest_seq], mb.dest_tok]
-            entropy_sum += float(entropy[model_token.to(entropy.device)].sum())
-            local_loss += float(loss.detach())
-            collected.append((float(mask[mb.seq_indices].sum()), _as_dict(mb_metrics)))
-        t_backward = time.perf_counter()
-
-        loss_metrics = _combine_micro_metrics(collected)
-        total_loss = tdist.all_reduce_scalar(local_loss)
-        entropy_sum = tdist.all_reduce_scalar(entropy_sum)
+        normalizer = self.loss_fn.global_normalizer(
+            num_tokens=num_tokens, num_sequences=num_sequences
+        )
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.div_(normalizer)
+        local = update.sums.tolist()  # the one host read of the loop's device accumulators
+        total_loss = tdist.all_reduce_scalar(local[0]) / normalizer
+        entropy_sum = tdist.all_reduce_scalar(local[1])
+        loss_metrics = _combine_micro_metrics(update.metric_names, update.metric_rows)
         num_model_tokens = tdist.all_reduce_count(int(batch.loss_mask.sum()))
         grad_norm = float(tdist.grad_norm(self.model.parameters()))
         metrics = {f"mismatch/{k}" if "/" not in k else k: float(v) for k, v in metrics.items()}
@@ -396,45 +433,101 @@ class Trainer:
                 "train/skipped_nonfinite": float(self.num_skipped_nonfinite),
                 "train/skipped_guard": float(self.num_skipped_guard),
                 "train/logprob_s": t_logprobs - t_start,
-                "train/mismatch_s": t_mismatch - t_logprobs,
-                "train/backward_s": t_backward - t_mismatch,
+                "train/backward_s": t_backward - t_logprobs,
+                "train/mismatch_s": t_mismatch - t_backward,
                 "train/step_s": t_end - t_start,
                 "train/tokens_per_s": num_tokens_computed / max(t_end - t_start, 1e-9),
             }
         )
         self.step += 1
-        return StepResult(total_loss, grad_norm, skipped, metrics, decision)
+        return StepResult(total_loss, grad_norm, skipped, metrics, decision, old_logprobs)
 
-    def _micro_loss(
-        self,
-        mb: MicroBatch,
-        old_logprobs: torch.Tensor,
-        advantages: torch.Tensor,
-        mask: torch.Tensor,
-        weights: torch.Tensor,
-        num_tokens: int,
-        num_sequences: int,
-    ) -> tuple[torch.Tensor, Mapping[str, Any], torch.Tensor]:
-        """Loss and metrics of one micro-batch, plus its [n] token entropies (detached)."""
-        seqs = mb.seq_indices
-        width = int(mb.dest_tok.max()) + 1 if len(mb.dest_tok) else 1
-        token_logprobs, entropy = self._forward_token_stats(mb, entropy=True)
-        assert entropy is not None
-        logprobs = torch.zeros(len(seqs), width, device=self.device, dtype=torch.float32)
-        logprobs = logprobs.index_put(
-            (mb.dest_seq.to(self.device), mb.dest_tok.to(self.device)), token_logprobs
-        )  # [b, width], carries grad
-        dev = self.device
-        loss, metrics = self.loss_fn(
-            logprobs,
-            old_logprobs=old_logprobs[seqs, :width].to(dev),
-            advantages=advantages[seqs].to(dev),
-            loss_mask=mask[seqs, :width].to(dev),
-            weights=weights[seqs, :width].to(dev),
-            num_global_tokens=num_tokens,
-            num_global_sequences=num_sequences,
+    def _correct(self, batch: TrainBatch, old_logprobs: torch.Tensor) -> CorrectionResult:
+        return correction(
+            old_logprobs,
+            batch.sampler_logprobs,
+            batch.loss_mask,
+            batch.turn_ids,
+            self.correction_config,
         )
-        return loss, metrics, entropy
+
+    def _update_pass(
+        self,
+        batch: TrainBatch,
+        advantages: torch.Tensor,
+        old_logprobs: torch.Tensor | None,
+        presplit: CorrectionResult | None,
+    ) -> _UpdatePass:
+        """Forward, correction, unnormalized loss and backward of every micro-batch.
+
+        Nothing here reads a device value on the host (except what a rejecting or
+        importance-sampling correction needs for its data-dependent shapes): the loss sum,
+        entropy sum and loss metrics accumulate on the device and are read once after.
+        """
+        dev = self.device
+        on_device = {
+            "sampler": batch.sampler_logprobs.to(dev),
+            "loss_mask": batch.loss_mask.to(dev),
+            "turn_ids": batch.turn_ids.to(dev),
+            "advantages": advantages.to(dev),
+        }
+        if old_logprobs is not None:
+            on_device["old"] = old_logprobs.to(dev)
+        if presplit is not None:
+            on_device["weights"] = presplit.weights.detach().float().to(dev)
+            on_device["mask"] = presplit.loss_mask.to(dev)
+        identity = not self.correction_config.rejects and (
+            self.correction_config.is_level is ISLevel.NONE
+            or self.correction_config.bypass is BypassMode.PPO_CLIP
+        )
+        logprobs = torch.zeros(batch.completion_ids.shape, dtype=torch.float32, device=dev)
+        sums = torch.zeros(2, dtype=torch.float64, device=dev)  # loss, entropy of mask-1 tokens
+        names: list[str] = []
+        rows: list[torch.Tensor] = []
+        for mb in self._matched(self._plan(batch)):
+            if mb is None:
+                self._empty_pass(backward=True)
+                continue
+            seqs = mb.seq_indices.to(dev)
+            dest = (mb.dest_seq.to(dev), mb.dest_tok.to(dev))
+            width = int(mb.dest_tok.max()) + 1 if len(mb.dest_tok) else 1
+            token_logprobs, entropy = self._forward_token_stats(mb, entropy=True)
+            assert entropy is not None
+            theta = torch.zeros(len(mb.seq_indices), width, device=dev, dtype=torch.float32)
+            theta = theta.index_put(dest, token_logprobs)  # [b, width], carries grad
+            logprobs[seqs[dest[0]], dest[1]] = token_logprobs.detach()
+            sampler = on_device["sampler"][seqs, :width]
+            model_mask = on_device["loss_mask"][seqs, :width]
+            old = on_device["old"][seqs, :width] if old_logprobs is not None else theta.detach()
+            if presplit is not None:
+                weights, mask = on_device["weights"][seqs, :width], on_device["mask"][seqs, :width]
+            elif identity:
+                weights, mask = model_mask.float(), model_mask
+            else:
+                fixed = correction(
+                    old, sampler, model_mask, on_device["turn_ids"][seqs, :width],
+                    self.correction_config,
+                )  # fmt: skip
+                weights, mask = fixed.weights.detach(), fixed.loss_mask
+            if self.correction_config.bypass is BypassMode.PPO_CLIP:
+                old = sampler  # ℓ^old := ℓ^μ; weights are all 1
+            loss, loss_metrics = self.loss_fn(
+                theta,
+                old_logprobs=old,
+                advantages=on_device["advantages"][seqs],
+                loss_mask=mask,
+                weights=weights,
+                num_global_tokens=1,  # summed here; the gradient is divided after the loop
+                num_global_sequences=1,
+            )
+            loss.backward()
+            model_token = model_mask[dest[0], dest[1]]
+            entropy_sum = torch.where(model_token, entropy, torch.zeros_like(entropy)).sum()
+            sums += torch.stack([loss.detach().double(), entropy_sum.double()])
+            names, row = _metric_row(loss_metrics)
+            weight = (mask > 0).sum().float().reshape(1)
+            rows.append(torch.cat([weight, row.float()]))
+        return _UpdatePass(logprobs.cpu(), sums, names, rows)
 
     def _clip(self, grad_norm: float) -> None:
         max_norm = self.config.max_grad_norm
@@ -476,25 +569,32 @@ def token_entropy(
     return out
 
 
-def _as_dict(metrics: Any) -> dict[str, float]:
-    """A loss's metrics as a flat dict (`PolicyLossMetrics.to_dict` or a mapping)."""
-    if hasattr(metrics, "to_dict"):
-        metrics = metrics.to_dict()
-    return {str(k): float(v) for k, v in dict(metrics).items()}
+def _metric_row(metrics: Any) -> tuple[list[str], torch.Tensor]:
+    """A loss's metrics as names and one tensor (`PolicyLossMetrics`: no host copy)."""
+    if hasattr(metrics, "values") and isinstance(metrics.values, torch.Tensor):
+        return metrics.names(), metrics.values
+    flat = dict(metrics)
+    return [str(k) for k in flat], torch.tensor([float(v) for v in flat.values()])
 
 
 _NOT_AVERAGED = ("loss", "num_tokens")  # the trainer reports these itself, globally
 
 
-def _combine_micro_metrics(collected: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
-    """Token-weighted mean over micro-batches (max/min for `*_max`/`*_min` keys)."""
+def _combine_micro_metrics(names: list[str], rows: list[torch.Tensor]) -> dict[str, float]:
+    """Token-weighted mean over micro-batches (max/min for `*_max`/`*_min` keys).
+
+    Each row is [loss-token count, *metrics]; micro-batches without tokens are ignored.
+    """
+    if not rows:
+        return {}
+    table = torch.stack([row.cpu() for row in rows]).tolist()
+    total = sum(row[0] for row in table)
     out: dict[str, float] = {}
-    total = sum(w for w, _ in collected)
-    for key in {k for _, m in collected for k in m}:
+    for column, key in enumerate(names, start=1):
         leaf = key.rsplit("/", 1)[-1]
         if leaf in _NOT_AVERAGED:
             continue
-        values = [(w, m[key]) for w, m in collected if key in m and w > 0]
+        values = [(row[0], row[column]) for row in table if row[0] > 0]
         if not values:
             continue
         if "max" in leaf:
