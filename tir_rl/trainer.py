@@ -49,6 +49,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from tir_rl import distributed as tdist
 from tir_rl.batch import MicroBatch, Packing, TrainBatch, plan_micro_batches
@@ -290,13 +291,12 @@ class Trainer:
             logits = output.logits[0]  # packed row: kept columns are exactly the tokens, in order
         else:
             logits = output.logits[mb.row.to(self.device), column.to(self.device)]  # [n, V]
-        logits = logits.float()
-        if self.config.temperature != 1.0:
-            logits = logits / self.config.temperature
-        # log_softmax at the target only: logit − logsumexp, without an [n, V] output.
-        target_logits = logits.gather(-1, mb.targets.to(self.device)[:, None]).squeeze(-1)
-        lse = torch.logsumexp(logits, dim=-1)
-        return target_logits - lse, token_entropy(logits, lse) if entropy else None
+        token_logprobs, lse = chunked_token_logprobs(
+            logits, mb.targets.to(self.device), temperature=self.config.temperature
+        )
+        if not entropy:
+            return token_logprobs, None
+        return token_logprobs, token_entropy(logits, lse, temperature=self.config.temperature)
 
     def _autocast(self) -> contextlib.AbstractContextManager[object]:
         """Run the forward in the compute dtype over float32 parameters (one rank only).
@@ -550,23 +550,74 @@ class Trainer:
 
 @torch.no_grad()
 def token_entropy(
-    logits: torch.Tensor, logsumexp: torch.Tensor | None = None, *, chunk_rows: int = 1024
+    logits: torch.Tensor,
+    logsumexp: torch.Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    chunk_rows: int = 1024,
 ) -> torch.Tensor:
-    """[n] entropy (nats) of softmax over each row of `logits` [n, V], without gradients.
+    """[n] entropy (nats) of softmax(logits / temperature) per row of `logits` [n, V].
 
-    H = logsumexp(x) − Σ p·x. Rows are processed `chunk_rows` at a time, so at most one
-    [chunk_rows, V] probability block exists at once (it is freed right after its row sums).
-    `logsumexp` [n] may be passed in when already computed.
+    H = logsumexp(x) − Σ p·x, in float32 whatever the logits' dtype. Rows are processed
+    `chunk_rows` at a time, so at most one [chunk_rows, V] float32 block exists at once.
+    `logsumexp` [n] (of the scaled float32 logits) may be passed in when already computed.
     """
     logits = logits.detach()
-    lse = torch.logsumexp(logits, dim=-1) if logsumexp is None else logsumexp.detach()
     out = torch.empty(logits.shape[:-1], dtype=torch.float32, device=logits.device)
     for start in range(0, logits.shape[0], chunk_rows):
-        rows = logits[start : start + chunk_rows].float()
-        row_lse = lse[start : start + chunk_rows, None].float()
+        rows = _scaled_float(logits[start : start + chunk_rows], temperature)
+        if logsumexp is None:
+            row_lse = torch.logsumexp(rows, dim=-1, keepdim=True)
+        else:
+            row_lse = logsumexp[start : start + chunk_rows, None].detach().float()
         probs = (rows - row_lse).exp_()  # [chunk, V]
         out[start : start + chunk_rows] = row_lse[:, 0] - probs.mul_(rows).sum(dim=-1)
     return out
+
+
+def chunked_token_logprobs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_rows: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[n] log-softmax of `logits / temperature` [n, V] at `targets` [n], and [n] logsumexp.
+
+    Equal to `log_softmax(logits.float() / temperature).gather(targets)` (values and
+    gradients), without a float32 [n, V] tensor: rows go `chunk_rows` at a time, and with
+    gradients enabled each chunk is recomputed in backward (activation checkpointing), so
+    autograd keeps only the logits themselves (in their own dtype, e.g. bfloat16).
+    """
+    logprobs, lses = [], []
+    needs_grad = torch.is_grad_enabled() and logits.requires_grad
+    for start in range(0, logits.shape[0], chunk_rows):
+        rows, rows_targets = logits[start : start + chunk_rows], targets[start : start + chunk_rows]
+        if needs_grad:
+            lp, lse = checkpoint(
+                _target_logprob, rows, rows_targets, temperature, use_reentrant=False
+            )
+        else:
+            lp, lse = _target_logprob(rows, rows_targets, temperature)
+        logprobs.append(lp)
+        lses.append(lse.detach())
+    if not logprobs:
+        empty = logits.new_zeros(0, dtype=torch.float32)
+        return empty + logits.float().sum() * 0, empty
+    return torch.cat(logprobs), torch.cat(lses)
+
+
+def _scaled_float(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    logits = logits.float()
+    return logits / temperature if temperature != 1.0 else logits
+
+
+def _target_logprob(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    scaled = _scaled_float(logits, temperature)
+    lse = torch.logsumexp(scaled, dim=-1)
+    return scaled.gather(-1, targets[:, None]).squeeze(-1) - lse, lse
 
 
 def _metric_row(metrics: Any) -> tuple[list[str], torch.Tensor]:
