@@ -11,16 +11,27 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tir_rl.run_config import RunConfig
 from tir_rl.types import Trajectory
+
+if TYPE_CHECKING:
+    from tir_rl.engine.base import Engine
+    from tir_rl.mismatch_injection import MismatchInjection
 
 # Sampler vs trainer gaps on this kind of machine (docs/machine-facts): fp32 vLLM CPU gives
 # max |Δ| ~6e-5; bf16 gives ~0.3. Above WARN the correction matters; above FAIL it is a bug.
 MAX_ABS_DIFF_WARN = 1e-3
 MAX_ABS_DIFF_FAIL = 0.5
 K3_KL_WARN = 1e-4
+PROBE_EXACT = 1e-4
+"""An fp32 sampler matches the fp32 trainer to ~1e-6 (tiny model) / ~6e-5 (SmolLM2-135M) on
+the probes; a larger gap means the sampler computes something else."""
+ATTRIBUTION_RATIO = 0.1
+"""A cause explains a gap when modelling it on the trainer side shrinks the gap this much."""
+SYNC_PERTURBATION = 0.1
+"""The sync check adds this × (each matrix's std) × N(0, 1) to a copy of the trainer."""
 
 
 class Verdict(StrEnum):
@@ -173,16 +184,28 @@ def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
     import json
 
     from tir_rl.batch import TrainBatch
-    from tir_rl.engine.parity import probe_ids_from_text, probe_parity, transformers_logprobs
+    from tir_rl.engine.parity import (
+        DEFAULT_SAMPLED_PROBE_PROMPT,
+        probe_ids_from_text,
+        probe_parity,
+        transformers_logprobs,
+    )
     from tir_rl.mismatch import mismatch_metrics
+    from tir_rl.mismatch_injection import MismatchInjection
     from tir_rl.runtime import env_factory, open_runtime, task_specs
     from tir_rl.trainer import Trainer
 
     findings: list[Finding] = []
+    injection = MismatchInjection(config.inject)
     with open_runtime(config) as runtime:
         model_config = json.loads((runtime.model_path / "config.json").read_text())
         tied = model_config.get("tie_word_embeddings")
         findings += static_findings(config, tie_word_embeddings=tied)
+        trainer = Trainer(config.trainer)
+        if injection.transforms_weights:  # the sampler gets what training would send it
+            state = {k: v.detach() for k, v in trainer.model.state_dict().items()}
+            sent = injection.sampler_state(state, 0, force=True)
+            asyncio.run(runtime.engine.update_weights(sent))
         factory = env_factory(config.env, config.env.eval_split)
         env = factory()
         _, info = env.reset(seed=0)
@@ -197,7 +220,6 @@ def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
             ))  # fmt: skip
             return findings
         findings += rendering_findings(trajectories, chat_format)
-        trainer = Trainer(config.trainer)
         batch = TrainBatch.from_trajectories(trajectories)
         trainer_logprobs = trainer.compute_logprobs(batch)
         metrics = mismatch_metrics(
@@ -221,7 +243,174 @@ def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
             "" if verdict is Verdict.PASS else "raise run.parity_tolerance for a low-precision "
             "sampler, or align dtypes; training stops when the probe fails after a sync",
         ))  # fmt: skip
+        findings += asyncio.run(
+            engine_findings(
+                runtime.engine,
+                trainer.model,
+                probe_ids=probe_ids_from_text(runtime.tokenizer),
+                prompt_ids=probe_ids_from_text(runtime.tokenizer, DEFAULT_SAMPLED_PROBE_PROMPT),
+                temperature=config.rollout.temperature,
+                injection=injection,
+            )
+        )
     return findings
+
+
+async def engine_findings(
+    engine: Engine,
+    model: Any,
+    *,
+    probe_ids: Sequence[int],
+    prompt_ids: Sequence[int],
+    temperature: float,
+    injection: MismatchInjection,
+) -> list[Finding]:
+    """Measured checks of each mismatch cause against the running engine.
+
+    Args:
+        engine: the sampler, holding the weights the run would send it (injected ones
+            included: call after `injection.sampler_state(state, 0, force=True)` was sent).
+        model: the trainer's transformers causal LM (fp32 reference); never modified.
+        probe_ids: the prompt-logprob parity probe (`probe_ids_from_text`).
+        prompt_ids: a prompt the sampled probe continues.
+        temperature: the run's sampling temperature.
+        injection: the run's injection; the sync check sends weights through it, as training
+            does (`sampler_state`), so an injected stale sync is exercised, not simulated.
+
+    Returns:
+        One finding per cause: "sampled logprobs", "raw vs processed logprobs",
+        "lm_head precision (measured)" and "weight sync"; all pass on a faithful sampler.
+        The engine holds the run's weights again afterwards.
+    """
+    from tir_rl.engine.parity import probe_parity, probe_sampled, transformers_logprobs
+
+    def trainer_at(reference: Any) -> Any:
+        return lambda ids, t: transformers_logprobs(reference, ids, temperature=t).tolist()
+
+    sampled = await probe_sampled(engine, trainer_at(model), prompt_ids, temperature=temperature)
+    out = [_sampled_finding(sampled.max_abs_diff, sampled.num_tokens, temperature)]
+    out.append(_raw_logprobs_finding(sampled.max_abs_diff, sampled.max_abs_diff_raw, temperature))
+    prompt_gap = (await probe_parity(engine, model, probe_ids, tolerance=float("inf"))).max_abs_diff
+    rounded = _with_rounded_output_projection(model)
+    rounded_gap = (
+        await probe_parity(engine, rounded, probe_ids, tolerance=float("inf"))
+    ).max_abs_diff
+    del rounded
+    out.append(_lm_head_finding(prompt_gap, rounded_gap))
+    out.append(await _weight_sync_finding(engine, model, probe_ids, injection))
+    return out
+
+
+def _sampled_finding(gap: float, num_tokens: int, temperature: float) -> Finding:
+    detail = f"max |Δ| {gap:.2e} over {num_tokens} tokens sampled at temperature {temperature:g}"
+    if gap <= PROBE_EXACT:
+        return Finding("sampled logprobs", Verdict.PASS, detail)
+    return Finding(
+        "sampled logprobs", Verdict.WARN if gap <= MAX_ABS_DIFF_FAIL else Verdict.FAIL, detail,
+        "the sampler's logprobs of its own tokens are not the trainer's: see the causes below",
+    )  # fmt: skip
+
+
+def _raw_logprobs_finding(gap: float, gap_raw: float, temperature: float) -> Finding:
+    check = "raw vs processed logprobs"
+    if temperature == 1.0:
+        return Finding(check, Verdict.PASS, "temperature 1: raw and processed logprobs coincide")
+    if gap > PROBE_EXACT and gap_raw <= ATTRIBUTION_RATIO * gap:
+        return Finding(
+            check, Verdict.FAIL,
+            f"sampled logprobs match the trainer at temperature 1 (max |Δ| {gap_raw:.2e}) "
+            f"instead of at {temperature:g} ({gap:.2e}): the engine reports raw logprobs",
+            "--set engine.logprobs_mode=processed_logprobs (and inject.raw_logprobs=false)",
+        )  # fmt: skip
+    return Finding(
+        check, Verdict.PASS,
+        f"sampled logprobs follow temperature {temperature:g} (max |Δ| {gap:.2e}; "
+        f"{gap_raw:.2e} against temperature 1)",
+    )  # fmt: skip
+
+
+def _lm_head_finding(gap: float, rounded_gap: float) -> Finding:
+    check = "lm_head precision (measured)"
+    if gap > PROBE_EXACT and rounded_gap <= ATTRIBUTION_RATIO * gap:
+        return Finding(
+            check, Verdict.WARN,
+            f"the engine matches a trainer whose output projection is rounded to bfloat16 "
+            f"(max |Δ| {rounded_gap:.2e}) far better than the fp32 trainer ({gap:.2e}): "
+            "the sampler's lm_head is bf16",
+            "keep the sampler's lm_head (and tied embeddings) in float32: "
+            "inject.lm_head_dtype=null, engine.dtype=float32; or a correction "
+            "(correction_preset=geo_rs_token_tis)",
+        )  # fmt: skip
+    return Finding(
+        check, Verdict.PASS,
+        f"prompt-logprob gap {gap:.2e}; a bf16 output projection would give {rounded_gap:.2e}",
+    )  # fmt: skip
+
+
+def _with_rounded_output_projection(model: Any) -> Any:
+    """A copy of `model` whose output projection went through bfloat16.
+
+    In a tied model the input embedding is the same tensor and is rounded too, as
+    `inject.lm_head_dtype=bfloat16` or a sampler storing the shared matrix in bf16 gives.
+    """
+    import copy
+
+    import torch
+
+    rounded = copy.deepcopy(model)
+    with torch.no_grad():
+        head = rounded.get_output_embeddings().weight
+        head.copy_(head.to(torch.bfloat16).to(head.dtype))
+    return rounded.eval()
+
+
+async def _weight_sync_finding(
+    engine: Engine, model: Any, probe_ids: Sequence[int], injection: MismatchInjection
+) -> Finding:
+    """Sync perturbed trainer weights through the run's sync rule; the engine must follow."""
+    from tir_rl.engine.parity import probe_parity
+
+    check = "weight sync"
+    perturbed = _perturbed_copy(model)
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    new_state = {k: v.detach() for k, v in perturbed.state_dict().items()}
+    sent = injection.sampler_state(new_state, 1)  # the sync after the first optimizer step
+    try:
+        if sent is not None:
+            await engine.update_weights(sent)
+        to_new = await probe_parity(engine, perturbed, probe_ids, tolerance=float("inf"))
+        to_old = await probe_parity(engine, model, probe_ids, tolerance=float("inf"))
+    finally:
+        await engine.update_weights(injection.sampler_state(state, 0, force=True))
+    detail = (
+        f"after a sync of perturbed weights the engine is at max |Δ| {to_new.max_abs_diff:.2e} "
+        f"from them and {to_old.max_abs_diff:.2e} from the previous weights"
+    )
+    if to_new.max_abs_diff < to_old.max_abs_diff:
+        return Finding(check, Verdict.PASS, detail)
+    skipped = (
+        " (the run's sync rule skipped this sync: inject.sync_every > 1)" if sent is None else ""
+    )
+    return Finding(
+        check, Verdict.FAIL, f"stale sampler: {detail}{skipped}",
+        "sync after every optimizer step (inject.sync_every=1); check that update_weights "
+        "reaches the engine and that its prefix cache is reset after a sync",
+    )  # fmt: skip
+
+
+def _perturbed_copy(model: Any) -> Any:
+    import copy
+
+    import torch
+
+    perturbed = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in perturbed.parameters():
+            if param.dim() == 2:
+                noise = torch.randn(param.shape, generator=gen).to(param.device, param.dtype)
+                param.add_(SYNC_PERTURBATION * param.std() * noise)
+    return perturbed.eval()
 
 
 def format_findings(findings: Sequence[Finding]) -> str:

@@ -202,8 +202,8 @@ class MismatchCorrection:
         """
         cfg = self.config
         valid = loss_mask > 0
-        delta = masked_log_ratio(trainer_logprobs, sampler_logprobs, valid)  # [B, T]
-        rho = torch.exp(delta)
+        delta = masked_log_ratio(trainer_logprobs, sampler_logprobs, valid)  # [B, T], unclamped
+        rho = clamped_exp(delta)
         seg, num_segments = turn_segments(turn_ids, valid)
         flat_seg = seg.flatten()
         num_tokens = valid.sum(dim=1)  # [B]
@@ -231,7 +231,9 @@ class MismatchCorrection:
         if cfg.seq_max_k2 is not None:
             seq_ok &= ~(valid & (0.5 * delta.square() > cfg.seq_max_k2)).any(dim=1)
         if cfg.seq_mean_k3 is not None:
-            k3_sum = torch.where(valid, rho - delta - 1, torch.zeros_like(delta)).sum(dim=1)
+            # True k3 (exp unclamped: an overflow to inf rejects the sequence, as it should).
+            k3_token = torch.exp(delta) - delta - 1
+            k3_sum = torch.where(valid, k3_token, torch.zeros_like(delta)).sum(dim=1)
             seq_ok &= k3_sum / num_tokens.clamp(min=1) <= cfg.seq_mean_k3
         keep &= (seq_ok & ~vetoed).unsqueeze(1)
 

@@ -2,8 +2,10 @@
 
 δ_t = ℓ^trainer_t − ℓ^sampler_t on model tokens (m_t = 1), 0 elsewhere; ρ_t = exp(δ_t).
 Garbage at masked positions (0.0, NaN, ±inf) is replaced with `torch.where` before any
-reduction, so it can never leak. Per-token log-ratios and their per-sequence sums are
-clamped to [−20, 20] before `exp`, so every metric stays finite under overflow.
+reduction, so it can never leak. Metrics are computed in float64 on the unclamped δ, so a
+huge gap (|δ| = 30) is reported as it is; only the argument of `exp` is clamped, to
+±`METRIC_EXP_BOUND`, where float64 would overflow. The ±20 bound of the IS weights belongs to
+the correction (`mismatch_correction.py`), never to these statistics.
 
 Besides the usual batch metrics this reports the same divergences per assistant turn and by
 distance (in model tokens) from the end of the last tool response, and the share of the total
@@ -20,23 +22,30 @@ from torch import Tensor
 
 from tir_rl.grpo import LOG_RATIO_BOUND
 
+METRIC_EXP_BOUND = 300.0
+"""Metrics clamp log-ratios to this before `exp`: exp(2 · 300) is still finite in float64."""
 LOG_PPL_BOUND = 50.0
 """Log-perplexities are clamped to this before `exp` (a perplexity of 5e21 means garbage)."""
 DEFAULT_DISTANCE_EDGES = (8, 32, 128)
 """Distance buckets 0-7, 8-31, 32-127, 128+ model tokens after the last tool response."""
 
 
-def masked_log_ratio(trainer_logprobs: Tensor, sampler_logprobs: Tensor, valid: Tensor) -> Tensor:
-    """δ = trainer − sampler on valid tokens, exactly 0 elsewhere, clamped to [−20, 20].
+def masked_log_ratio(
+    trainer_logprobs: Tensor,
+    sampler_logprobs: Tensor,
+    valid: Tensor,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """δ = trainer − sampler on valid tokens, exactly 0 elsewhere, not clamped.
 
     A non-finite difference on a valid token (a NaN or −inf logprob from a broken engine)
     becomes 0 for NaN and ±20 for ±inf; `count_nonfinite` reports how many there were.
+    Callers clamp before `exp` (`clamped_exp`), never δ itself.
     """
-    zero = torch.zeros_like(trainer_logprobs, dtype=torch.float32)
-    t = torch.where(valid, trainer_logprobs.detach().float(), zero)
-    s = torch.where(valid, sampler_logprobs.detach().float(), zero)
-    delta = torch.nan_to_num(t - s, nan=0.0, posinf=LOG_RATIO_BOUND, neginf=-LOG_RATIO_BOUND)
-    return delta.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    zero = torch.zeros_like(trainer_logprobs, dtype=dtype)
+    t = torch.where(valid, trainer_logprobs.detach().to(dtype), zero)
+    s = torch.where(valid, sampler_logprobs.detach().to(dtype), zero)
+    return torch.nan_to_num(t - s, nan=0.0, posinf=LOG_RATIO_BOUND, neginf=-LOG_RATIO_BOUND)
 
 
 def count_nonfinite(trainer_logprobs: Tensor, sampler_logprobs: Tensor, valid: Tensor) -> Tensor:
@@ -46,8 +55,13 @@ def count_nonfinite(trainer_logprobs: Tensor, sampler_logprobs: Tensor, valid: T
 
 
 def clamped_exp(x: Tensor) -> Tensor:
-    """exp(clamp(x, −20, 20))."""
+    """exp(clamp(x, −20, 20)): the guard of IS weights."""
     return torch.exp(x.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+
+
+def _metric_exp(x: Tensor) -> Tensor:
+    """exp(x) clamped only where float64 would overflow (see `METRIC_EXP_BOUND`)."""
+    return torch.exp(x.clamp(-METRIC_EXP_BOUND, METRIC_EXP_BOUND))
 
 
 def turn_segments(turn_ids: Tensor, valid: Tensor) -> tuple[Tensor, int]:
@@ -89,7 +103,7 @@ def _moment_stats(w: Tensor, cap: float, prefix: str, out: dict[str, Tensor]) ->
     """IS weight stats of the 1-D weights `w`: mean/min/max raw; std/ESS on [1/C, C]."""
     n = w.numel()
     if n == 0:
-        w = torch.ones(1, device=w.device)
+        w = torch.ones(1, dtype=w.dtype, device=w.device)
     capped = w.clamp(1.0 / cap, cap)
     mean_c = capped.mean()
     normalized = capped / mean_c
@@ -98,14 +112,16 @@ def _moment_stats(w: Tensor, cap: float, prefix: str, out: dict[str, Tensor]) ->
     out[f"{prefix}_min"] = w.min()
     out[f"{prefix}_max"] = w.max()
     out[f"{prefix}_ess"] = 1.0 / normalized.square().mean()
-    out[f"{prefix}_fraction_high"] = (w > cap).float().mean() if n else w.new_zeros(())
-    out[f"{prefix}_fraction_low"] = (w < 1.0 / cap).float().mean() if n else w.new_zeros(())
+    out[f"{prefix}_fraction_high"] = (w > cap).double().mean() if n else w.new_zeros(())
+    out[f"{prefix}_fraction_low"] = (w < 1.0 / cap).double().mean() if n else w.new_zeros(())
 
 
 def _bucket_table(bucket: Tensor, num_buckets: int, columns: Tensor) -> Tensor:
     """Per-bucket sums of `columns` [n, k] plus a count column: [num_buckets, k + 1]."""
-    ones = torch.ones(columns.shape[0], 1, device=columns.device)
-    table = torch.zeros(num_buckets, columns.shape[1] + 1, device=columns.device)
+    ones = torch.ones(columns.shape[0], 1, dtype=columns.dtype, device=columns.device)
+    table = torch.zeros(
+        num_buckets, columns.shape[1] + 1, dtype=columns.dtype, device=columns.device
+    )
     return table.index_add_(0, bucket, torch.cat([columns, ones], dim=1))
 
 
@@ -153,8 +169,8 @@ def mismatch_metrics(
         with tokens.
     """
     valid = loss_mask > 0
-    delta = masked_log_ratio(trainer_logprobs, sampler_logprobs, valid)  # [B, T]
-    rho = torch.exp(delta)
+    delta = masked_log_ratio(trainer_logprobs, sampler_logprobs, valid, torch.float64)  # [B, T]
+    rho = _metric_exp(delta)
     k3 = rho - delta - 1
     num_tokens = valid.sum(dim=1)  # [B]
     has_tokens = num_tokens > 0
@@ -166,21 +182,21 @@ def mismatch_metrics(
 
     out["kl"] = token_mean(-delta)
     out["k3_kl"] = token_mean(k3)
-    out["chi2_token"] = token_mean(rho.square()) - 1
+    out["chi2_token"] = token_mean(_metric_exp(2 * delta)) - 1
     abs_delta = delta.abs()
     out["abs_diff_mean"] = token_mean(abs_delta)
     out["abs_diff_max"] = abs_delta.max() if abs_delta.numel() else abs_delta.new_zeros(())
-    out["token_mult_prob_error"] = token_mean(torch.exp(abs_delta))
+    out["token_mult_prob_error"] = token_mean(_metric_exp(abs_delta))
 
     # Sequence level: means over sequences with at least one model token.
     n_seq = has_tokens.sum().clamp(min=1)
-    per_seq_n = num_tokens.clamp(min=1).float()
+    per_seq_n = num_tokens.clamp(min=1).double()
 
     def seq_mean(x: Tensor) -> Tensor:
         return torch.where(has_tokens, x, torch.zeros_like(x)).sum() / n_seq
 
     for name, logprobs in (("training", trainer_logprobs), ("rollout", sampler_logprobs)):
-        lp = torch.where(valid, logprobs.detach().float(), torch.zeros_like(delta))
+        lp = torch.where(valid, logprobs.detach().double(), torch.zeros_like(delta))
         lp = torch.nan_to_num(lp, nan=0.0, posinf=0.0, neginf=-1e4)
         log_ppl = (-lp.sum(dim=1) / per_seq_n).clamp(-LOG_PPL_BOUND, LOG_PPL_BOUND)
         out[f"{name}_log_ppl"] = seq_mean(log_ppl)
@@ -192,15 +208,15 @@ def mismatch_metrics(
     kept = log_ppl_diff[has_tokens]
     out["log_ppl_diff_max"] = kept.max() if kept.numel() else kept.new_zeros(())
     out["log_ppl_diff_min"] = kept.min() if kept.numel() else kept.new_zeros(())
-    out["ppl_ratio"] = seq_mean(clamped_exp(log_ppl_diff))
-    rho_seq = clamped_exp(seq_sum)
-    out["chi2_seq"] = seq_mean(rho_seq.square()) - 1
+    out["ppl_ratio"] = seq_mean(_metric_exp(log_ppl_diff))
+    rho_seq = _metric_exp(seq_sum)
+    out["chi2_seq"] = seq_mean(_metric_exp(2 * seq_sum)) - 1
 
     _moment_stats(rho[valid], cap, "is_token", out)
     _moment_stats(rho_seq[has_tokens], cap, "is_seq", out)
-    out["num_tokens"] = num_tokens.sum().float()
-    out["num_seqs"] = has_tokens.sum().float()
-    out["nonfinite_tokens"] = count_nonfinite(trainer_logprobs, sampler_logprobs, valid).float()
+    out["num_tokens"] = num_tokens.sum().double()
+    out["num_seqs"] = has_tokens.sum().double()
+    out["nonfinite_tokens"] = count_nonfinite(trainer_logprobs, sampler_logprobs, valid).double()
 
     flat_abs = abs_delta[valid]
     num_top = max(1, math.ceil(top_fraction * flat_abs.numel())) if flat_abs.numel() else 0
@@ -210,7 +226,7 @@ def mismatch_metrics(
     out[f"top{_percent(top_fraction)}pct_abs_diff_share"] = share
 
     keys = list(out)
-    values = torch.stack([out[k].float().reshape(()) for k in keys]).tolist()
+    values = torch.stack([out[k].double().reshape(()) for k in keys]).tolist()
     result = {f"{prefix}/{k}": v for k, v in zip(keys, values, strict=True)}
 
     columns = torch.stack([-delta[valid], k3[valid], abs_delta[valid]], dim=1)  # [n, 3]

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from tir_rl.mismatch import distance_from_tool_response, mismatch_metrics
+from tir_rl.mismatch_metrics import METRIC_EXP_BOUND
 
 NAN, INF = float("nan"), float("inf")
 
@@ -34,7 +35,9 @@ def test_hand_computed_2x3_example_checks_every_formula():
         c = [min(max(x, 1 / cap), cap) for x in w]
         mc = mean(c)
         return {
-            "mean": mean(w), "min": min(w), "max": max(w),
+            "mean": mean(w),
+            "min": min(w),
+            "max": max(w),
             "std": math.sqrt(mean([x * x for x in c]) - mc * mc),
             "ess": 1 / mean([(x / mc) ** 2 for x in c]),
             "fraction_high": mean([x > cap for x in w]),
@@ -107,8 +110,10 @@ def test_overflowing_log_ratios_keep_every_metric_finite():
     sampler[2, 3] = -INF  # a broken engine value on a model token
     got = mismatch_metrics(trainer, sampler, torch.ones(3, 10), torch.zeros(3, 10).long())
     assert all(math.isfinite(v) for v in got.values()), {k: v for k, v in got.items()}
-    assert got["mismatch/is_seq_max"] == pytest.approx(math.exp(20), rel=1e-5)
-    assert got["mismatch/is_token_min"] == pytest.approx(math.exp(-20), rel=1e-5)
+    # Only exp's argument is clamped, and only where float64 would overflow.
+    assert got["mismatch/is_seq_max"] == pytest.approx(math.exp(METRIC_EXP_BOUND), rel=1e-9)
+    assert got["mismatch/is_token_min"] == pytest.approx(math.exp(-50), rel=1e-9)
+    assert got["mismatch/abs_diff_max"] == pytest.approx(50)
     assert got["mismatch/nonfinite_tokens"] == 1
 
 
@@ -209,3 +214,116 @@ def test_empty_sequences_are_left_out_of_sequence_means():
     assert got["mismatch/num_seqs"] == 1
     assert got["mismatch/log_ppl_diff"] == pytest.approx(-0.25)
     assert got["mismatch/is_seq_mean"] == pytest.approx(math.exp(0.5), rel=1e-6)
+
+
+def _reference_metrics(trainer, sampler, mask, turns, *, cap=2.0, max_turns=8):
+    """Every metric in plain float64 Python, δ never clamped (issue 12 item 6)."""
+    rows = []  # per row: list of (δ, ℓ^old, ℓ^μ, turn, distance)
+    for b in range(trainer.shape[0]):
+        idx = [j for j in range(trainer.shape[1]) if mask[b, j] > 0]
+        first_turn = min((int(turns[b, j]) for j in idx), default=0)
+        seen: dict[int, int] = {}
+        row = []
+        for j in idx:
+            t, s, k = float(trainer[b, j]), float(sampler[b, j]), int(turns[b, j])
+            distance = -1 if k == first_turn else seen.get(k, 0)
+            seen[k] = seen.get(k, 0) + 1
+            row.append((t - s, t, s, k, distance))
+        rows.append(row)
+    tokens = [x for row in rows for x in row]
+    seqs = [row for row in rows if row]
+    d = [x[0] for x in tokens]
+    rho = [math.exp(x) for x in d]
+    out = {
+        "kl": mean([-x for x in d]),
+        "k3_kl": mean([r - x - 1 for r, x in zip(rho, d, strict=True)]),
+        "chi2_token": mean([r * r for r in rho]) - 1,
+        "abs_diff_mean": mean([abs(x) for x in d]),
+        "abs_diff_max": max(abs(x) for x in d),
+        "token_mult_prob_error": mean([math.exp(abs(x)) for x in d]),
+    }
+    for name, col in (("training", 1), ("rollout", 2)):
+        log_ppl = [-sum(x[col] for x in row) / len(row) for row in seqs]
+        out[f"{name}_log_ppl"] = mean(log_ppl)
+        out[f"{name}_ppl"] = mean([math.exp(v) for v in log_ppl])
+    big_s = [sum(x[0] for x in row) for row in seqs]
+    lpd = [-s / len(row) for s, row in zip(big_s, seqs, strict=True)]
+    out["log_ppl_diff"] = mean(lpd)
+    out["log_ppl_abs_diff"] = mean([abs(v) for v in lpd])
+    out["log_ppl_diff_max"], out["log_ppl_diff_min"] = max(lpd), min(lpd)
+    out["ppl_ratio"] = mean([math.exp(v) for v in lpd])
+    rho_seq = [math.exp(s) for s in big_s]
+    out["chi2_seq"] = mean([r * r for r in rho_seq]) - 1
+    for prefix, w in (("is_token", rho), ("is_seq", rho_seq)):
+        capped = [min(max(x, 1 / cap), cap) for x in w]
+        mean_c = mean(capped)
+        out[f"{prefix}_mean"], out[f"{prefix}_min"], out[f"{prefix}_max"] = mean(w), min(w), max(w)
+        out[f"{prefix}_std"] = math.sqrt(mean([(c - mean_c) ** 2 for c in capped]))
+        out[f"{prefix}_ess"] = 1 / mean([(c / mean_c) ** 2 for c in capped])
+        out[f"{prefix}_fraction_high"] = mean([float(x > cap) for x in w])
+        out[f"{prefix}_fraction_low"] = mean([float(x < 1 / cap) for x in w])
+    out["num_tokens"], out["num_seqs"], out["nonfinite_tokens"] = len(d), len(seqs), 0
+    abs_sorted = sorted((abs(x) for x in d), reverse=True)
+    out["top1pct_abs_diff_share"] = sum(abs_sorted[: math.ceil(0.01 * len(d))]) / sum(abs_sorted)
+
+    def bucket_of_distance(distance):
+        if distance < 0:
+            return "tool_dist_none"
+        for lo, hi in ((0, 8), (8, 32), (32, 128)):
+            if lo <= distance < hi:
+                return f"tool_dist_{lo}-{hi - 1}"
+        return "tool_dist_128+"
+
+    buckets: dict[str, list[float]] = {}
+    for x in tokens:
+        turn_label = f"turn_{x[3]}" if x[3] < max_turns else f"turn_{max_turns}+"
+        for label in (turn_label, bucket_of_distance(x[4])):
+            buckets.setdefault(label, []).append(x[0])
+    for label, ds in buckets.items():
+        out[f"{label}/kl"] = mean([-x for x in ds])
+        out[f"{label}/k3_kl"] = mean([math.exp(x) - x - 1 for x in ds])
+        out[f"{label}/abs_diff_mean"] = mean([abs(x) for x in ds])
+        out[f"{label}/num_tokens"] = len(ds)
+    return {f"mismatch/{k}": float(v) for k, v in out.items()}
+
+
+def _huge_gap_batch():
+    """Mild noise, one token at δ = −30 and one at +25, multi-turn rows, an all-masked row
+    (with garbage), a one-token row, and a long turn reaching every distance bucket."""
+    gen = torch.Generator().manual_seed(12)
+    batch, length = 5, 200
+    sampler = -torch.rand(batch, length, generator=gen, dtype=torch.float64) * 4
+    trainer = sampler + 0.05 * torch.randn(batch, length, generator=gen, dtype=torch.float64)
+    mask = torch.ones(batch, length)
+    turns = torch.zeros(batch, length, dtype=torch.long)
+    turns[:, 60:] = 1
+    turns[:, 190:] = 9  # past max_turns: shares `turn_8+`
+    mask[:, 55:60] = 0  # tool output between turns: garbage there must not leak
+    trainer[:, 55:60], sampler[:, 55:60] = NAN, -INF
+    trainer[0, 10] = sampler[0, 10] - 30.0
+    trainer[2, 70] = sampler[2, 70] + 25.0
+    mask[3] = 0  # all-masked row
+    trainer[3, 0] = INF
+    mask[4] = 0
+    mask[4, 7] = 1  # a single model token
+    return trainer.float(), sampler.float(), mask, turns
+
+
+def test_metrics_match_an_unclamped_float64_reference_under_huge_gaps():
+    trainer, sampler, mask, turns = _huge_gap_batch()
+    got = mismatch_metrics(trainer, sampler, mask, turns)
+    want = _reference_metrics(trainer, sampler, mask, turns)
+    assert set(got) == set(want)
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+    # The symptoms the clamped δ produced (issue 12): kl's sign, a max of 20, a k3 too small.
+    assert got["mismatch/abs_diff_max"] == pytest.approx(30.0, abs=1e-4)
+    assert got["mismatch/kl"] > 0
+    assert got["mismatch/k3_kl"] > math.exp(25) / mask.sum().item()
+
+
+def test_log_ppl_diff_is_the_difference_of_the_reported_log_perplexities():
+    trainer, sampler, mask, turns = _huge_gap_batch()
+    got = mismatch_metrics(trainer, sampler, mask, turns)
+    difference = got["mismatch/training_log_ppl"] - got["mismatch/rollout_log_ppl"]
+    assert got["mismatch/log_ppl_diff"] == pytest.approx(difference, rel=1e-9)

