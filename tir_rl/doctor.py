@@ -174,6 +174,7 @@ def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
 
     from tir_rl.batch import TrainBatch
     from tir_rl.engine.parity import probe_ids_from_text, probe_parity, transformers_logprobs
+    from tir_rl.envs.episode import ResetInfo
     from tir_rl.mismatch import mismatch_metrics
     from tir_rl.runtime import env_factory, open_runtime, task_specs
     from tir_rl.trainer import Trainer
@@ -187,7 +188,7 @@ def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
         env = factory()
         _, info = env.reset(seed=0)
         env.close()
-        chat_format = runtime.rollout.chat_format_for(info.tool_schemas)
+        chat_format = runtime.rollout.chat_format_for(ResetInfo.from_info(info).tool_schemas)
         specs = task_specs(factory, num_tasks=num_episodes, group_size=1)
         trajectories = [t for t in runtime.run_episodes(specs) if t.num_model_tokens > 0]
         if not trajectories:
