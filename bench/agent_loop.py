@@ -37,11 +37,6 @@ from dataclasses import dataclass
 from tir_rl.types import Message, Role
 
 
-@dataclass(frozen=True)
-class FakeResetInfo:
-    tool_schemas: tuple = ()
-
-
 class FakeInstantToolEnv:
     """Every assistant turn counts as a tool call answered with 'ok' (after `delay_s`)."""
 
@@ -54,7 +49,7 @@ class FakeInstantToolEnv:
             Message.system("You are a helpful assistant."),
             Message.user("Write a long story about a lighthouse keeper, one paragraph at a time."),
         ]
-        return messages, FakeResetInfo()
+        return messages, {}  # no tools
 
     def step(self, action: Message):
         assert action.role == Role.ASSISTANT
@@ -62,8 +57,8 @@ class FakeInstantToolEnv:
             time.sleep(self.delay_s)
         self.turn += 1
         if self.turn >= self.num_turns:
-            return [], 1.0, True, False, None
-        return [Message.tool("ok, go on", name="continue")], 0.0, False, False, None
+            return [], 1.0, True, False, {}
+        return [Message.tool("ok, go on", name="continue")], 0.0, False, False, {}
 
     def close(self) -> None:
         pass

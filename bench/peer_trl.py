@@ -108,7 +108,7 @@ def dump_tasks(shape: Shape, path: Path) -> int:
             rows.append(
                 {
                     "step": step,
-                    "task_id": info.task_id,
+                    "task_id": info["task_id"],
                     "prompt": [{"role": str(m.role), "content": m.content} for m in messages],
                     "answer": env.task.answer,
                     "kb_json": json.dumps(

@@ -9,8 +9,9 @@ strings, nothing is generated until `gymnasium.make`)::
     env = gym.make("tir_rl/MathPython-v0", split="test")
     messages, info = env.reset(seed=0)
 
-Gymnasium's passive checker is disabled for these ids: it expects numpy observations and dict
-infos, while a ToolEnv works in messages and typed infos. Use `check_env` instead.
+The environments follow the Gymnasium API (infos are dicts; `ResetInfo.from_info` and
+`StepInfo.from_info` give typed views), so Gymnasium's passive checker stays on and its
+wrappers (``TimeLimit``, ``RecordEpisodeStatistics``) work. `check_env` checks more.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def register_envs() -> None:
     """Register the built-in environments with gymnasium (idempotent)."""
     for env_id, entry_point in ENV_IDS.items():
         if env_id not in gymnasium.registry:
-            gymnasium.register(id=env_id, entry_point=entry_point, disable_env_checker=True)
+            gymnasium.register(id=env_id, entry_point=entry_point)
 
 
 register_envs()

@@ -1,8 +1,9 @@
 """`ToolEnv`: the gymnasium environment base class of tir-rl.
 
 An episode is a conversation. ``reset`` returns the task's opening messages (system prompt
-and question) and a typed `ResetInfo` carrying the task's tools. ``step`` takes one assistant
-message whose tool calls the chat module has already parsed:
+and question) and an info dict carrying the task and its tools (typed view:
+``ResetInfo.from_info(info)``). ``step`` takes one assistant message whose tool calls the chat
+module has already parsed; its info dict is viewed by ``StepInfo.from_info``:
 
 * if it calls tools, the env runs them through its `ToolRegistry` (code tools in the
   episode's sandbox) and returns one tool message per call; a model mistake (unknown tool,
@@ -177,7 +178,7 @@ class ToolEnv(gymnasium.Env[list[Message], Message]):
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[list[Message], ResetInfo]:
+    ) -> tuple[list[Message], dict[str, Any]]:
         """Start an episode: the task comes from ``options["task_index"]`` or the seed."""
         with self._lock:
             super().reset(seed=seed)
@@ -193,9 +194,9 @@ class ToolEnv(gymnasium.Env[list[Message], Message]):
             self.on_reset(task)
             messages = [Message.system(self.instructions(task)), Message.user(task.question)]
             info = ResetInfo(task.id, task.split, task.difficulty, self.tools, task)
-            return messages, info
+            return messages, info.to_info()
 
-    def step(self, action: Message) -> tuple[list[Message], float, bool, bool, StepInfo]:
+    def step(self, action: Message) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         """Handle one assistant turn (see the module docstring)."""
         with self._lock:
             if self._task is None or self._done:
@@ -210,15 +211,16 @@ class ToolEnv(gymnasium.Env[list[Message], Message]):
                     results = tuple(self._run_call(call) for call in calls)
                 messages = [Message.tool(r.content, name=r.name or None) for r in results]
                 self._done = truncated
-                return messages, 0.0, False, truncated, StepInfo(self._turn, results)
+                return messages, 0.0, False, truncated, StepInfo(self._turn, results).to_info()
             extracted = extract_answer(action.content)
             if extracted is None and self._nudges < self.config.max_nudges and not truncated:
                 self._nudges += 1
-                return [Message.user(NUDGE)], 0.0, False, False, StepInfo(self._turn, nudged=True)
+                nudge = StepInfo(self._turn, nudged=True).to_info()
+                return [Message.user(NUDGE)], 0.0, False, False, nudge
             reward = self._reward(self._task, extracted)
             self._done = True
             info = StepInfo(self._turn, answer=extracted and extracted.text, reward=reward)
-            return [], reward.total, True, False, info
+            return [], reward.total, True, False, info.to_info()
 
     def close(self) -> None:
         """End the episode's sandbox, if one was opened; safe to call repeatedly."""

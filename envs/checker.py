@@ -7,6 +7,8 @@ Run it on a new environment before training with it::
 
 It raises `EnvironmentSpecError` with the first violation found. It never opens a sandbox:
 the probe turns are a final answer, an unknown tool, a malformed call and invalid arguments.
+Last it runs Gymnasium's own ``gymnasium.utils.env_checker.check_env`` on the unwrapped env,
+so an env that passes here also works with Gymnasium's wrappers (infos are dicts).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 import gymnasium
 import numpy as np
+from gymnasium.utils.env_checker import check_env as gymnasium_check_env
 
 from tir_rl.envs.episode import ResetInfo, Split, StepInfo
 from tir_rl.errors import EnvironmentSpecError
@@ -44,18 +47,19 @@ def check_env(env: gymnasium.Env, *, seed: int = 0) -> None:
     if not isinstance(inner, gymnasium.Env):
         raise EnvironmentSpecError(f"{name} is not a gymnasium.Env (subclass tir_rl.envs.ToolEnv)")
     _check_reset_signature(env, name)
-    messages, info = _reset(env, name, seed)
+    messages, raw_info = _reset(env, name, seed)
     _check_prompt(messages, name)
-    _check_reset_info(info, name)
+    info = _check_reset_info(raw_info, name)
     _check_tool_schemas(info, name)
-    again, info_again = _reset(env, name, seed)
+    again, raw_again = _reset(env, name, seed)
+    info_again = ResetInfo.from_info(raw_again)
     if again != messages or info_again.task_id != info.task_id:
         raise EnvironmentSpecError(
             f"{name}.reset(seed={seed}) is not deterministic: two resets with the same seed gave "
             f"tasks {info.task_id!r} and {info_again.task_id!r} (draw the task from "
             "self.np_random after super().reset(seed=seed))"
         )
-    if len({_reset(env, name, seed + k)[1].task_id for k in range(4)}) == 1:
+    if len({_reset(env, name, seed + k)[1]["task_id"] for k in range(4)}) == 1:
         warnings.warn(f"{name}: four different seeds all gave the same task", stacklevel=2)
 
     probes = {
@@ -80,6 +84,12 @@ def check_env(env: gymnasium.Env, *, seed: int = 0) -> None:
                     "bad one, must get a tool message that tells the model what went wrong"
                 )
     _check_close(env, name)
+    try:
+        gymnasium_check_env(inner, skip_render_check=True)
+    except Exception as exc:
+        raise EnvironmentSpecError(
+            f"{name} fails gymnasium.utils.env_checker.check_env: {exc}"
+        ) from exc
 
 
 def _check_reset_signature(env: gymnasium.Env, name: str) -> None:
@@ -92,7 +102,7 @@ def _check_reset_signature(env: gymnasium.Env, name: str) -> None:
             )
 
 
-def _reset(env: gymnasium.Env, name: str, seed: int) -> tuple[list[Message], ResetInfo]:
+def _reset(env: gymnasium.Env, name: str, seed: int) -> tuple[list[Message], dict[str, Any]]:
     try:
         result = env.reset(seed=seed)
     except Exception as exc:
@@ -124,18 +134,23 @@ def _check_prompt(messages: Any, name: str) -> None:
         raise EnvironmentSpecError(f"{name}.reset() messages must end with the user's question")
 
 
-def _check_reset_info(info: Any, name: str) -> None:
-    if not isinstance(info, ResetInfo):
+def _check_reset_info(raw_info: Any, name: str) -> ResetInfo:
+    if not isinstance(raw_info, dict):
         raise EnvironmentSpecError(
-            f"{name}.reset() info must be a tir_rl.envs.ResetInfo (task id, split, difficulty, "
-            f"tools), got {type(info).__name__}"
+            f"{name}.reset() info must be a dict (the Gymnasium API): return "
+            f"ResetInfo(...).to_info(), got {type(raw_info).__name__}"
         )
+    try:
+        info = ResetInfo.from_info(raw_info)
+    except EnvironmentSpecError as exc:
+        raise EnvironmentSpecError(f"{name}.reset() info: {exc}") from exc
     if not isinstance(info.task_id, str) or not info.task_id:
         raise EnvironmentSpecError(f"{name}: ResetInfo.task_id must be a non-empty str")
     if info.split not in tuple(Split):
         raise EnvironmentSpecError(f"{name}: ResetInfo.split must be 'train' or 'test'")
     if not isinstance(info.difficulty, int) or isinstance(info.difficulty, bool):
         raise EnvironmentSpecError(f"{name}: ResetInfo.difficulty must be an int")
+    return info
 
 
 def _check_tool_schemas(info: ResetInfo, name: str) -> None:
@@ -201,10 +216,15 @@ def _step(env: gymnasium.Env, name: str, action: Message, what: str) -> tuple:
             raise EnvironmentSpecError(
                 f"{name}.step() `{flag}` must be a bool, got {type(value).__name__}"
             )
-    if not isinstance(info, StepInfo):
+    if not isinstance(info, dict):
         raise EnvironmentSpecError(
-            f"{name}.step() info must be a tir_rl.envs.StepInfo, got {type(info).__name__}"
+            f"{name}.step() info must be a dict (the Gymnasium API): return "
+            f"StepInfo(...).to_info(), got {type(info).__name__}"
         )
+    try:
+        StepInfo.from_info(info)
+    except EnvironmentSpecError as exc:
+        raise EnvironmentSpecError(f"{name}.step() info: {exc}") from exc
     return result
 
 

@@ -1,13 +1,21 @@
-"""Typed records of an episode: the task, what reset and step report, the reward, the spaces."""
+"""Typed records of an episode: the task, what reset and step report, the reward, the spaces.
+
+``reset`` and ``step`` return their info as a plain dict, as Gymnasium promises (its wrappers
+and vector envs add keys to it). `ResetInfo` and `StepInfo` are typed views of those dicts:
+``ResetInfo.from_info(info).tool_schemas``; their ``to_info`` builds a new dict on every call.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import gymnasium
 
+from tir_rl.errors import EnvironmentSpecError
 from tir_rl.types import Message, Role, ToolResult
 
 if TYPE_CHECKING:
@@ -38,9 +46,31 @@ class Task:
     """Environment-specific parameters (the generator's inputs, for verification)."""
 
 
+def _from_info(cls: type[Any], info: Mapping[str, Any]) -> Any:
+    """Build the dataclass `cls` from the keys of `info` (extra keys are ignored)."""
+    if not isinstance(info, Mapping):
+        raise EnvironmentSpecError(
+            f"an env's info must be a dict (the Gymnasium API), got {type(info).__name__}"
+        )
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name in info:
+            values[f.name] = info[f.name]
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise EnvironmentSpecError(
+                f"the info dict has no {f.name!r} key (keys: {sorted(info)}); a "
+                f"{cls.__name__} needs {[g.name for g in dataclasses.fields(cls)]}"
+            )
+    return cls(**values)
+
+
+def _to_info(record: Any) -> dict[str, Any]:
+    return {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+
+
 @dataclass(frozen=True)
 class ResetInfo:
-    """What ``reset`` reports besides the messages."""
+    """What ``reset`` reports besides the messages (a typed view of its info dict)."""
 
     task_id: str
     split: Split
@@ -53,6 +83,19 @@ class ResetInfo:
     def tool_schemas(self) -> list[dict[str, Any]]:
         """OpenAI function-calling schemas of the tools."""
         return list(self.tools.json_schemas)
+
+    def to_info(self) -> dict[str, Any]:
+        """The info dict ``reset`` returns (a new dict on every call)."""
+        return _to_info(self)
+
+    @classmethod
+    def from_info(cls, info: Mapping[str, Any]) -> Self:
+        """The typed view of a ToolEnv's reset info (keys added by wrappers are ignored).
+
+        Raises:
+            EnvironmentSpecError: `info` is not a dict or lacks one of the fields.
+        """
+        return _from_info(cls, info)
 
 
 @dataclass(frozen=True)
@@ -74,7 +117,7 @@ class Reward:
 
 @dataclass(frozen=True)
 class StepInfo:
-    """What ``step`` reports besides messages, reward and the two end flags."""
+    """What ``step`` reports besides messages, reward and the end flags (a view of its info)."""
 
     turn: int
     """1-based index of the assistant turn just handled."""
@@ -91,6 +134,19 @@ class StepInfo:
     def num_tool_errors(self) -> int:
         """Calls of this turn that failed."""
         return sum(not r.ok for r in self.tool_results)
+
+    def to_info(self) -> dict[str, Any]:
+        """The info dict ``step`` returns (a new dict on every call)."""
+        return _to_info(self)
+
+    @classmethod
+    def from_info(cls, info: Mapping[str, Any]) -> Self:
+        """The typed view of a ToolEnv's step info (keys added by wrappers are ignored).
+
+        Raises:
+            EnvironmentSpecError: `info` is not a dict or has no ``turn``.
+        """
+        return _from_info(cls, info)
 
 
 class MessagesSpace(gymnasium.Space[list[Message]]):

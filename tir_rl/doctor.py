@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from tir_rl.engine.reaping import EngineProcess, reap_leftovers
 from tir_rl.run_config import RunConfig
 from tir_rl.types import Trajectory
 
@@ -179,6 +180,19 @@ def measured_finding(metrics: dict[str, float], num_episodes: int) -> Finding:
     return Finding("sampler vs trainer logprobs", Verdict.PASS, detail)
 
 
+def leftover_engine_finding(ended: Sequence[EngineProcess]) -> Finding:
+    """Verdict on engine processes of exited runs (the doctor has just ended them)."""
+    if not ended:
+        return Finding("leftover engine processes", Verdict.PASS, "none")
+    owners = sorted({p.owner_pid for p in ended})
+    return Finding(
+        "leftover engine processes", Verdict.WARN,
+        f"ended {len(ended)} process(es) of exited run(s) (owner pids {owners}): "
+        + ", ".join(f"{p.pid} {p.command[:40]}" for p in ended),
+        "a run was killed (SIGKILL, OOM) and its watchdog too; nothing to do, they are gone",
+    )  # fmt: skip
+
+
 def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
     """Run every check; starts the engine and trainer of `config` and plays a few episodes."""
     import json
@@ -190,12 +204,13 @@ def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
         probe_parity,
         transformers_logprobs,
     )
+    from tir_rl.envs.episode import ResetInfo
     from tir_rl.mismatch import mismatch_metrics
     from tir_rl.mismatch_injection import MismatchInjection
     from tir_rl.runtime import env_factory, open_runtime, task_specs
     from tir_rl.trainer import Trainer
 
-    findings: list[Finding] = []
+    findings: list[Finding] = [leftover_engine_finding(reap_leftovers())]
     injection = MismatchInjection(config.inject)
     with open_runtime(config) as runtime:
         model_config = json.loads((runtime.model_path / "config.json").read_text())
@@ -210,7 +225,7 @@ def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
         env = factory()
         _, info = env.reset(seed=0)
         env.close()
-        chat_format = runtime.rollout.chat_format_for(info.tool_schemas)
+        chat_format = runtime.rollout.chat_format_for(ResetInfo.from_info(info).tool_schemas)
         specs = task_specs(factory, num_tasks=num_episodes, group_size=1)
         trajectories = [t for t in runtime.run_episodes(specs) if t.num_model_tokens > 0]
         if not trajectories:

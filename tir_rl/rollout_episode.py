@@ -16,13 +16,21 @@ import asyncio
 import threading
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tir_rl.engine.base import FinishReason, GenerateRequest
-from tir_rl.errors import SandboxError
-from tir_rl.types import EpisodeTimings, Message, RolloutStatus, ToolErrorKind, Trajectory
+from tir_rl.envs.episode import ResetInfo, StepInfo
+from tir_rl.errors import EnvironmentSpecError, SandboxError
+from tir_rl.types import (
+    EpisodeTimings,
+    Message,
+    RolloutStatus,
+    ToolErrorKind,
+    ToolResult,
+    Trajectory,
+)
 
 if TYPE_CHECKING:
     from tir_rl.chat import ChatFormat, Conversation
@@ -127,10 +135,10 @@ class Episode:
             messages, info = await run_blocking(
                 self._reset, timeout_s=c.reset_timeout_s, name=f"{label} env.reset"
             )
+            schemas = _tool_schemas(info)
         except Exception as exc:  # noqa: BLE001 (one episode's env failure, not the batch's)
             self.env_hung = isinstance(exc, StepTimeoutError)
             return _env_failure(exc, "building or resetting the environment")
-        schemas = getattr(info, "tool_schemas", ())
         self.chat_format = self.rollout.chat_format_for(schemas)
         self.conv = conv = self.chat_format.conversation(messages)
 
@@ -228,8 +236,11 @@ class Episode:
             self.timings.tools_s += time.perf_counter() - t0
         messages, reward, terminated, truncated, info = out
         self.reward += float(reward)
-        results = tuple(getattr(info, "tool_results", ()))
-        self.num_tool_errors += sum(getattr(r, "error", None) is not None for r in results)
+        try:
+            results = _tool_results(info)
+        except EnvironmentSpecError as exc:
+            return _env_failure(exc, f"turn {conv.turn_index}: env.step"), []
+        self.num_tool_errors += sum(r.error is not None for r in results)
         sandbox_failures = [r for r in results if r.error == ToolErrorKind.SANDBOX]
         if sandbox_failures and c.end_on_sandbox_error:
             return _Ending(RolloutStatus.ERROR_SANDBOX, sandbox_failures[0].content), []
@@ -279,6 +290,20 @@ class Episode:
                 **fields,
             )
         return self.conv.to_trajectory(**fields)
+
+
+def _tool_schemas(info: Any) -> list[dict[str, Any]]:
+    """The tools of a reset info: a ToolEnv's (it has ``tools``); none for another env."""
+    if isinstance(info, Mapping) and "tools" not in info:
+        return []
+    return ResetInfo.from_info(info).tool_schemas
+
+
+def _tool_results(info: Any) -> tuple[ToolResult, ...]:
+    """The tool results of a step info: a ToolEnv's (it has ``turn``); none for another env."""
+    if isinstance(info, Mapping) and "turn" not in info:
+        return ()
+    return StepInfo.from_info(info).tool_results
 
 
 def _env_failure(exc: BaseException, what: str) -> _Ending:

@@ -197,9 +197,11 @@ def play_demonstration(env: Any, tokenizer: Any, *, seed: int) -> Demonstration:
         TirError: The oracle's episode did not end with full reward (a broken oracle).
     """
     from tir_rl.chat import ChatFormat
+    from tir_rl.envs.episode import ResetInfo
 
-    messages, info = env.reset(seed=seed)
-    fmt = ChatFormat(tokenizer, tool_schemas=getattr(info, "tool_schemas", ()))
+    messages, reset_info = env.reset(seed=seed)
+    info = ResetInfo.from_info(reset_info)
+    fmt = ChatFormat(tokenizer, tool_schemas=info.tool_schemas)
     conv = fmt.conversation(messages)
     texts = env.demonstration(info.task)
     reward, terminated = 0.0, False

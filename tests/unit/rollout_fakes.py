@@ -211,7 +211,8 @@ class FakeToolEnv(ToolEnv):
             raise SandboxError("no sandbox container available")
         if "SANDBOX_RESULT" in action.content:
             result = ToolResult("python", "the sandbox crashed", error=ToolErrorKind.SANDBOX)
-            return [Message.tool(result.content)], 0.0, False, False, StepInfo(1, (result,))
+            info = StepInfo(1, (result,)).to_info()
+            return [Message.tool(result.content)], 0.0, False, False, info
         return super().step(action)
 
 

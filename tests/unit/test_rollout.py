@@ -334,3 +334,21 @@ def test_report_shows_turns_calls_and_status_and_jsonl_round_trips(tokenizer, tm
     (row,) = [json.loads(line) for line in write_jsonl([traj], tmp_path / "t.jsonl").open()]
     assert row["completion_ids"] == traj.completion_ids
     assert row["status"] == "finished" and row["messages"][3]["content"] == UNICODE_TEXT
+
+
+class TypedStepInfoEnv(FakeToolEnv):
+    """Breaks the Gymnasium API: step's info is a dataclass, not a dict."""
+
+    def step(self, action):
+        from tir_rl.envs import StepInfo
+
+        messages, reward, terminated, truncated, info = super().step(action)
+        return messages, reward, terminated, truncated, StepInfo.from_info(info)
+
+
+def test_env_whose_info_is_not_a_dict_ends_that_episode_with_the_reason(tokenizer):
+    engine = FakeEngine(tokenizer, lambda ep, turn: call("explode") if turn == 0 else ANSWER)
+    rollout = Rollout(engine, tokenizer, Rollout.Config())
+    (traj,) = rollout.run_batch_sync(specs(1, make=TypedStepInfoEnv))
+    assert traj.status == RolloutStatus.ERROR_TOOL
+    assert "info must be a dict (the Gymnasium API), got StepInfo" in traj.error

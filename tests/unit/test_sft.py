@@ -48,7 +48,7 @@ def test_multihop_oracle_turns_parse_and_earn_full_reward(horizon):
     env = MultiHopEnv(horizon=horizon, split="train")
     for seed in range(3):
         messages, info = env.reset(seed=seed)
-        texts = env.demonstration(info.task)
+        texts = env.demonstration(info["task"])
         assert len(texts) == horizon + 1
         for k, text in enumerate(texts):
             parsed = parse_assistant_text(text)  # what the rollout's chat parser reads
@@ -57,20 +57,20 @@ def test_multihop_oracle_turns_parse_and_earn_full_reward(horizon):
             replies, reward, terminated, truncated, step = env.step(action)
             if k < horizon:
                 assert [c.name for c in parsed.tool_calls] == ["lookup"]
-                assert step.tool_results[0].ok, replies[0].content
+                assert step["tool_results"][0].ok, replies[0].content
                 assert (reward, terminated) == (0.0, False)
             else:
                 assert parsed.tool_calls == ()
                 assert (reward, terminated, truncated) == (1.0, True, False)
-        assert env.progress(info.task) == horizon
+        assert env.progress(info["task"]) == horizon
 
 
 def test_another_tasks_demonstration_scores_zero():
     env = MultiHopEnv(horizon=3)
     _, info_a = env.reset(seed=1)
-    answer_a = env.demonstration(info_a.task)[-1]
+    answer_a = env.demonstration(info_a["task"])[-1]
     _, info_b = env.reset(seed=2)
-    assert info_a.task.answer != info_b.task.answer
+    assert info_a["task"].answer != info_b["task"].answer
     assert env.step(Message.assistant(answer_a))[1] == 0.0
 
 
@@ -109,7 +109,7 @@ def test_sft_rendering_equals_what_the_rollout_builds(tokenizer, horizon, seed):
     demo = play_demonstration(MultiHopEnv(horizon=horizon), tokenizer, seed=seed)
     env = MultiHopEnv(horizon=horizon)
     _, info = env.reset(seed=seed)
-    engine = FakeOracleEngine(tokenizer, env.demonstration(info.task))
+    engine = FakeOracleEngine(tokenizer, env.demonstration(info["task"]))
     rollout = Rollout(engine, tokenizer, Rollout.Config(max_turns=horizon + 2))
     spec = EpisodeSpec(env_factory=lambda: MultiHopEnv(horizon=horizon), task_seed=seed)
     (traj,) = rollout.run_batch_sync([spec])

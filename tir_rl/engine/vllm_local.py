@@ -11,6 +11,9 @@ cut right after the sequence and the request is aborted, so no compute is wasted
 
 Weight updates go through `collective_rpc("reload_weights", weights_path=...)`; see
 `weights_io` for why tensors travel through a (shared-memory) safetensors file.
+
+Crash safety: the engine's child processes carry this run's identity and die with it, and a
+start ends the leftovers of runs that were killed (see `tir_rl.engine.reaping`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from tir_rl.engine.base import (
     StopSequenceMatcher,
     check_truncated_sampling,
 )
+from tir_rl.engine.reaping import EngineGuard, reap_leftovers
 from tir_rl.engine.weights_io import default_weights_dir, write_state_dict
 from tir_rl.errors import ConfigError, EngineError
 
@@ -139,11 +143,15 @@ class VLLMLocalEngine:
         )
         self._model_path = _resolve(config.model_path)
         self._warn_ignored_settings()
+        reap_leftovers()
+        self._guard = EngineGuard()
         self._loop = LoopThread("tir-rl-vllm-local")
         try:
-            self._llm = self._loop.run_sync(self._start())
+            with self._guard.starting():
+                self._llm = self._loop.run_sync(self._start())
         except Exception as exc:
             self._loop.stop()
+            self._guard.close()
             raise EngineError(
                 f"vLLM failed to start on {self._model_path}: {exc}. See the vLLM log above; "
                 "common causes: unsupported head size on CPU (needs 32, 64, 80, ...), "
@@ -358,6 +366,7 @@ class VLLMLocalEngine:
             self._loop.run_sync(_shutdown(self._llm), timeout_s=60)
         self._llm = None  # let vLLM's __del__ run now, not at interpreter exit
         self._loop.stop()
+        self._guard.close()
         if self._owns_weights_dir and self._weights_dir is not None:
             shutil.rmtree(self._weights_dir, ignore_errors=True)
 

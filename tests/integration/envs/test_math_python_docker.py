@@ -25,13 +25,13 @@ def _python(code: str) -> Message:
 def test_episode_solves_with_the_sandboxed_python_tool(docker_sandboxes):
     env = MathPythonEnv(families=("power_mod",), split="test")
     _, info = env.reset(seed=0)
-    p = info.task.data["params"]
+    p = info["task"].data["params"]
     replies, _, terminated, _, step_info = env.step(
         _python(f"r = pow({p['a']}, {p['b']}, {p['m']})")
     )
-    assert not terminated and step_info.tool_results[0].ok, replies[0].content
+    assert not terminated and step_info["tool_results"][0].ok, replies[0].content
     replies, *_ = env.step(_python("print(r)"))  # state persists within the episode
-    assert replies[0].content.strip() == info.task.answer
+    assert replies[0].content.strip() == info["task"].answer
     _, reward, terminated, _, _ = env.step(
         Message.assistant(f"<answer>{replies[0].content}</answer>")
     )

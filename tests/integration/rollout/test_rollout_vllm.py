@@ -40,11 +40,6 @@ class RecordingEngine:
         return result
 
 
-@dataclass(frozen=True)
-class FakeResetInfo:
-    tool_schemas: tuple = ()
-
-
 class FakeAlwaysToolEnv:
     """Treats every assistant turn as a tool call answered with TOOL_TEXT; ends after N."""
 
@@ -54,14 +49,14 @@ class FakeAlwaysToolEnv:
 
     def reset(self, *, seed=None, options=None):
         self.turn = 0
-        return [Message.system("You are terse."), Message.user("Say something.")], FakeResetInfo()
+        return [Message.system("You are terse."), Message.user("Say something.")], {}  # no tools
 
     def step(self, action: Message):
         assert action.role == Role.ASSISTANT
         self.turn += 1
         if self.turn > self.num_tool_turns:
-            return [], 1.0, True, False, None
-        return [Message.tool(TOOL_TEXT, name="fixed")], 0.0, False, False, None
+            return [], 1.0, True, False, {}
+        return [Message.tool(TOOL_TEXT, name="fixed")], 0.0, False, False, {}
 
     def close(self) -> None:
         pass

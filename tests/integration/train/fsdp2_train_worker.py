@@ -25,7 +25,7 @@ class FakeParityRewardEnv(MultiHopEnv):
 
     def step(self, action):
         reward = (sum(map(ord, action.content)) % 97) / 97
-        return [], reward, True, False, None
+        return [], reward, True, False, {}
 
 
 def main(argv: list[str]) -> int:

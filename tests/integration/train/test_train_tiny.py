@@ -29,7 +29,7 @@ class FakeParityRewardEnv(MultiHopEnv):
 
     def step(self, action):
         reward = (sum(map(ord, action.content)) % 97) / 97
-        return [], reward, True, False, None
+        return [], reward, True, False, {}
 
 
 if FAKE_ENV_ID not in gymnasium.registry:

@@ -65,10 +65,29 @@ class IgnoresSeed(GoodEnv):
         return super().reset(seed=None, options=options)
 
 
-class DictInfo(GoodEnv):
+class TypedResetInfo(GoodEnv):
     def reset(self, *, seed=None, options=None):
         messages, info = super().reset(seed=seed, options=options)
-        return messages, {"task_id": info.task_id}
+        return messages, ResetInfo.from_info(info)
+
+
+class PartialResetInfo(GoodEnv):
+    def reset(self, *, seed=None, options=None):
+        messages, info = super().reset(seed=seed, options=options)
+        return messages, {"task_id": info["task_id"]}
+
+
+class ReusedInfoDict(GoodEnv):
+    """Hands out one dict for every reset (Gymnasium forbids sharing returned data)."""
+
+    shared: dict | None = None
+
+    def reset(self, *, seed=None, options=None):
+        messages, info = super().reset(seed=seed, options=options)
+        if self.shared is None:
+            self.shared = info
+        self.shared.update(info)
+        return messages, self.shared
 
 
 class StringMessages(GoodEnv):
@@ -91,7 +110,7 @@ class PositionalSeed(GoodEnv):
 class SilentOnBadCalls(GoodEnv):
     def step(self, action):
         if action.tool_calls or "<tool_call>" in action.content:
-            return [], 0.0, False, False, StepInfo(turn=1)
+            return [], 0.0, False, False, StepInfo(turn=1).to_info()
         return super().step(action)
 
 
@@ -116,10 +135,10 @@ class BadSchema(GoodEnv):
         return _BadSchemaRegistry([echo])
 
 
-class DictStepInfo(GoodEnv):
+class TypedStepInfo(GoodEnv):
     def step(self, action):
         messages, reward, terminated, truncated, info = super().step(action)
-        return messages, reward, terminated, truncated, {"turn": info.turn}
+        return messages, reward, terminated, truncated, StepInfo.from_info(info)
 
 
 class AssistantReply(GoodEnv):
@@ -155,14 +174,16 @@ def test_multihop_long_horizon_passes():
         (NanReward, "reward must be a finite float"),
         (IntFlags, "`terminated` must be a bool"),
         (IgnoresSeed, "not deterministic"),
-        (DictInfo, "info must be a tir_rl.envs.ResetInfo"),
+        (TypedResetInfo, "reset\\(\\) info must be a dict"),
+        (PartialResetInfo, "reset\\(\\) info: the info dict has no 'split' key"),
+        (ReusedInfoDict, "fails gymnasium.*share an object"),
         (StringMessages, "use tir_rl.types.Message"),
         (NoQuestion, "must end with the user's question"),
         (PositionalSeed, "keyword-only `seed`"),
         (SilentOnBadCalls, "must get a tool message"),
         (CloseTwiceFails, "close must be idempotent"),
         (BadSchema, "tool name 'bad name!'"),
-        (DictStepInfo, "info must be a tir_rl.envs.StepInfo"),
+        (TypedStepInfo, "step\\(\\) info must be a dict"),
         (AssistantReply, "only return tool or user messages"),
         (RaisingReset, "reset\\(seed=0\\) raised FileNotFoundError"),
     ],
@@ -182,4 +203,4 @@ def test_not_a_gym_env_fails():
 
 def test_reset_info_reports_the_split():
     _, info = GoodEnv(split="test").reset(seed=0)
-    assert isinstance(info, ResetInfo) and info.split is Split.TEST
+    assert isinstance(info, dict) and ResetInfo.from_info(info).split is Split.TEST

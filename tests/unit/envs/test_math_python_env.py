@@ -2,7 +2,7 @@ import gymnasium as gym
 import pytest
 
 import tir_rl.envs  # noqa: F401 (registers the ids)
-from tir_rl.envs.base import Split
+from tir_rl.envs.base import ResetInfo, Split
 from tir_rl.envs.math_problems import FAMILIES
 from tir_rl.envs.math_python import MathPythonEnv, split_of
 from tir_rl.errors import ConfigError
@@ -19,10 +19,10 @@ _ORACLE_CODE = {
 def test_make_by_id_with_split_and_difficulty():
     env = gym.make("tir_rl/MathPython-v0", split="test", difficulty=2)
     messages, info = env.reset(seed=0)
-    assert info.split is Split.TEST and info.difficulty == 2
+    assert info["split"] is Split.TEST and info["difficulty"] == 2
     assert [m.role for m in messages] == [Role.SYSTEM, Role.USER]
     assert "python" in messages[0].content and "<answer>" in messages[0].content
-    assert [s["function"]["name"] for s in info.tool_schemas] == ["python"]
+    assert [s["function"]["name"] for s in ResetInfo.from_info(info).tool_schemas] == ["python"]
     env.close()
 
 
@@ -30,8 +30,9 @@ def test_reset_is_deterministic_per_seed():
     a, b = MathPythonEnv(split="test"), MathPythonEnv(split="test")
     for seed in (0, 1, 12345):
         (ma, ia), (mb, ib) = a.reset(seed=seed), b.reset(seed=seed)
-        assert ma == mb and ia.task_id == ib.task_id and ia.task.answer == ib.task.answer
-    assert len({a.reset(seed=s)[1].task_id for s in range(30)}) > 25
+        assert ma == mb and ia["task_id"] == ib["task_id"]
+        assert ia["task"].answer == ib["task"].answer
+    assert len({a.reset(seed=s)[1]["task_id"] for s in range(30)}) > 25
 
 
 def test_train_and_test_splits_are_disjoint_over_thousands_of_tasks():
@@ -56,7 +57,7 @@ def test_every_family_and_difficulty_is_drawn():
 
 def test_family_and_difficulty_filters():
     env = MathPythonEnv(families=("power_mod",), difficulty=4)
-    task = env.reset(seed=0)[1].task
+    task = env.reset(seed=0)[1]["task"]
     assert task.data["family"] == "power_mod" and task.difficulty == 4
     with pytest.raises(ConfigError, match="unknown"):
         MathPythonEnv(families=("calculus",))
@@ -69,16 +70,16 @@ def test_oracle_solves_with_the_python_tool(family, fake_sandboxes):
     env = MathPythonEnv(families=(family,), split="test", sandbox_factory=fake_sandboxes)
     for seed in range(3):
         _, info = env.reset(seed=seed)
-        code = _ORACLE_CODE[family].format(**info.task.data["params"])
+        code = _ORACLE_CODE[family].format(**info["task"].data["params"])
         replies, reward, terminated, _, step_info = env.step(
             Message.assistant("", [ToolCall("python", {"code": code})])
         )
-        assert not terminated and step_info.tool_results[0].ok, replies[0].content
+        assert not terminated and step_info["tool_results"][0].ok, replies[0].content
         printed = replies[0].content.strip()
         _, reward, terminated, _, step_info = env.step(
             Message.assistant(f"Computed it. <answer>{printed}</answer>")
         )
-        assert terminated and reward == 1.0 and step_info.reward.correct == 1.0
+        assert terminated and reward == 1.0 and step_info["reward"].correct == 1.0
     assert len(fake_sandboxes.opened) == 3 and fake_sandboxes.num_open == 1
     env.close()
     assert fake_sandboxes.num_open == 0
@@ -86,7 +87,7 @@ def test_oracle_solves_with_the_python_tool(family, fake_sandboxes):
 
 def _answer_of(family: str, seed: int = 0) -> tuple[MathPythonEnv, str]:
     env = MathPythonEnv(families=(family,), difficulty=1)
-    return env, env.reset(seed=seed)[1].task.answer
+    return env, env.reset(seed=seed)[1]["task"].answer
 
 
 @pytest.mark.parametrize(
@@ -114,7 +115,7 @@ def test_integer_answer_spellings(spell, expected):
 def test_fraction_answers_compare_exactly():
     env = MathPythonEnv(families=("linear_system",), difficulty=1)
     for seed in range(60):
-        answer = env.reset(seed=seed)[1].task.answer
+        answer = env.reset(seed=seed)[1]["task"].answer
         if "/" in answer and int(answer.split("/")[1]) % 3 == 0:  # no finite decimal
             break
     else:
@@ -133,7 +134,7 @@ def test_fraction_answers_compare_exactly():
 
 def test_format_reward_only_for_the_answer_tag():
     env = MathPythonEnv(families=("power_mod",), format_reward=0.2)
-    answer = env.reset(seed=0)[1].task.answer
+    answer = env.reset(seed=0)[1]["task"].answer
     assert env.step(Message.assistant(f"<answer>{answer}</answer>"))[1] == pytest.approx(1.2)
     env.reset(seed=0)
     assert env.step(Message.assistant(f"\\boxed{{{answer}}}"))[1] == pytest.approx(1.0)

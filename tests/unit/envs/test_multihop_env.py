@@ -31,7 +31,7 @@ def _oracle_episode(env, seed: int) -> tuple[float, int, list[Message]]:
         num_lookups += 1
         assert (reward, terminated, truncated) == (0.0, False, False)
         assert [m.role for m in replies] == [Role.TOOL]
-        assert step_info.tool_results[0].ok, replies[0].content
+        assert step_info["tool_results"][0].ok, replies[0].content
         entity = replies[0].content
     replies, reward, terminated, truncated, step_info = env.step(
         Message.assistant(f"The chain ends at <answer>{entity}</answer>.")
@@ -53,7 +53,7 @@ def test_oracle_solves_every_horizon_with_exactly_horizon_lookups(horizon):
 def test_wrong_or_partial_answers_get_zero():
     env = MultiHopEnv(horizon=4)
     messages, info = env.reset(seed=5)
-    path = info.task.data["path"]
+    path = info["task"].data["path"]
     assert len(path) == 5
     for wrong in path[:-1]:  # every intermediate entity is wrong...
         if wrong == path[-1]:
@@ -69,7 +69,7 @@ def test_the_answer_is_not_in_the_prompt():
     env = MultiHopEnv(horizon=6)
     for seed in range(20):
         messages, info = env.reset(seed=seed)
-        path = info.task.data["path"]
+        path = info["task"].data["path"]
         if path[-1] != path[0]:
             assert path[-1] not in messages[-1].content
 
@@ -78,21 +78,21 @@ def test_progress_shaping_counts_leading_hops_and_is_off_by_default():
     for weight, expected in ((0.0, 0.0), (0.5, 0.5 * 2 / 4)):
         env = MultiHopEnv(horizon=4, progress_reward=weight)
         _, info = env.reset(seed=11)
-        start, relations = info.task.data["start"], info.task.data["relations"]
+        start, relations = info["task"].data["start"], info["task"].data["relations"]
         entity = start
         for relation in relations[:2]:
             entity = env.step(_lookup(entity, relation))[0][0].content
         _, reward, terminated, _, step_info = env.step(Message.assistant("<answer>nobody</answer>"))
         assert terminated
-        assert step_info.reward.correct == 0.0
-        assert step_info.reward.shaping == pytest.approx(expected)
+        assert step_info["reward"].correct == 0.0
+        assert step_info["reward"].shaping == pytest.approx(expected)
         assert reward == pytest.approx(expected)
 
 
 def test_tool_mistakes_become_tool_messages():
     env = MultiHopEnv(horizon=3)
     _, info = env.reset(seed=0)
-    start = info.task.data["start"]
+    start = info["task"].data["start"]
     action = Message.assistant(
         "",
         [
@@ -106,7 +106,7 @@ def test_tool_mistakes_become_tool_messages():
     replies, reward, terminated, truncated, step_info = env.step(action)
     assert (reward, terminated, truncated) == (0.0, False, False)
     assert [m.role for m in replies] == [Role.TOOL] * 5
-    kinds = [r.error for r in step_info.tool_results]
+    kinds = [r.error for r in step_info["tool_results"]]
     assert kinds == [
         ToolErrorKind.TOOL_RAISED,
         ToolErrorKind.TOOL_RAISED,
@@ -135,8 +135,8 @@ def test_splits_share_no_entity_and_no_question():
 def test_reset_is_deterministic_per_seed():
     a, b = MultiHopEnv(horizon=5), MultiHopEnv(horizon=5)
     assert a.reset(seed=3)[0] == b.reset(seed=3)[0]
-    assert a.reset(seed=3)[1].task_id == b.reset(seed=3)[1].task_id
-    assert len({a.reset(seed=s)[1].task_id for s in range(10)}) == 10
+    assert a.reset(seed=3)[1]["task_id"] == b.reset(seed=3)[1]["task_id"]
+    assert len({a.reset(seed=s)[1]["task_id"] for s in range(10)}) == 10
 
 
 @pytest.mark.parametrize("horizon", [0, 1000])

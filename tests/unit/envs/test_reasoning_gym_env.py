@@ -11,7 +11,7 @@ import pytest
 
 import tir_rl.envs  # noqa: F401 (registers the ids)
 from tir_rl.envs import check_env
-from tir_rl.envs.base import Split
+from tir_rl.envs.base import ResetInfo, Split
 from tir_rl.envs.reasoning_gym import ReasoningGymEnv, split_of_question
 from tir_rl.errors import ConfigError, SetupError
 from tir_rl.types import Message, ToolCall
@@ -41,8 +41,8 @@ class FakeReasoningGymDataset:
 def test_single_turn_episode_uses_the_dataset_scorer():
     env = ReasoningGymEnv(dataset=FakeReasoningGymDataset())
     messages, info = env.reset(seed=0)
-    assert info.tool_schemas == []
-    entry = info.task.data["entry"]
+    assert ResetInfo.from_info(info).tool_schemas == []
+    entry = info["task"].data["entry"]
     assert messages[-1].content == entry["question"]
     _, reward, terminated, _, _ = env.step(Message.assistant(f"<answer>{entry['answer']}</answer>"))
     assert terminated and reward == 1.0
@@ -91,15 +91,18 @@ def test_real_single_turn_scores_right_and_wrong_answers(reasoning_gym, task):
     check_env(env)
     for seed in range(3):
         messages, info = env.reset(seed=seed)
-        assert info.tool_schemas == [] and messages[-1].content == info.task.question
-        assert split_of_question(info.task.question) == Split.TEST
-        answer = info.task.answer
-        assert answer == str(info.task.data["entry"]["answer"]) and answer
+        assert (
+            ResetInfo.from_info(info).tool_schemas == []
+            and messages[-1].content == info["task"].question
+        )
+        assert split_of_question(info["task"].question) == Split.TEST
+        answer = info["task"].answer
+        assert answer == str(info["task"].data["entry"]["answer"]) and answer
         _, reward, terminated, _, step_info = env.step(_answer(answer))
-        assert terminated and reward == 1.0 and step_info.reward.correct == 1.0
+        assert terminated and reward == 1.0 and step_info["reward"].correct == 1.0
         env.reset(seed=seed)
         _, reward, terminated, _, step_info = env.step(_answer(str(int(answer) + 1)))
-        assert terminated and reward == 0.0 and step_info.answer == str(int(answer) + 1)
+        assert terminated and reward == 0.0 and step_info["answer"] == str(int(answer) + 1)
 
 
 def test_real_multi_turn_with_the_python_tool(reasoning_gym, fake_sandboxes):
@@ -107,13 +110,13 @@ def test_real_multi_turn_with_the_python_tool(reasoning_gym, fake_sandboxes):
     check_env(env)
     for seed, right in [(0, True), (1, False)]:
         _, info = env.reset(seed=seed)
-        assert [s["function"]["name"] for s in info.tool_schemas] == ["python"]
-        expression = info.task.data["entry"]["metadata"]["expression"]
+        assert [s["function"]["name"] for s in ResetInfo.from_info(info).tool_schemas] == ["python"]
+        expression = info["task"].data["entry"]["metadata"]["expression"]
         call = Message.assistant("", [ToolCall("python", {"code": f"print({expression})"})])
         replies, reward, terminated, _, step_info = env.step(call)
-        assert not terminated and reward == 0.0 and step_info.tool_results[0].ok
+        assert not terminated and reward == 0.0 and step_info["tool_results"][0].ok
         printed = replies[0].content.strip()
-        assert printed == info.task.answer
+        assert printed == info["task"].answer
         final = printed if right else str(int(printed) + 1)
         _, reward, terminated, _, _ = env.step(_answer(final))
         assert terminated and reward == (1.0 if right else 0.0)
@@ -125,7 +128,7 @@ def test_real_multi_turn_with_the_python_tool(reasoning_gym, fake_sandboxes):
 def test_real_substring_partial_credit_and_how_to_turn_it_off(reasoning_gym):
     for partial_credit in (True, False):
         env = ReasoningGymEnv(task="chain_sum", partial_credit=partial_credit)
-        answer = env.reset(seed=0)[1].task.answer
+        answer = env.reset(seed=0)[1]["task"].answer
         padded = f"{answer} 7"  # wrong, but contains the reference: upstream gives credit
         _, reward, _, _, _ = env.step(_answer(padded))
         assert reward == (pytest.approx(len(answer) / len(padded)) if partial_credit else 0.0)
@@ -134,7 +137,7 @@ def test_real_substring_partial_credit_and_how_to_turn_it_off(reasoning_gym):
 def test_real_task_config_reaches_the_dataset(reasoning_gym):
     env = ReasoningGymEnv(task="chain_sum", task_config={"min_terms": 4, "max_terms": 4})
     for seed in range(3):
-        metadata = env.reset(seed=seed)[1].task.data["entry"]["metadata"]
+        metadata = env.reset(seed=seed)[1]["task"].data["entry"]["metadata"]
         assert metadata["num_terms"] == 4
 
 
@@ -142,7 +145,7 @@ def test_real_scorer_that_raises_on_a_bad_answer_gives_zero(reasoning_gym):
     env = ReasoningGymEnv(task="prime_factorization")
     _, info = env.reset(seed=0)
     with pytest.raises(ValueError):  # the upstream scorer itself raises on a word
-        env.dataset.score_answer("xyz", info.task.data["entry"])
+        env.dataset.score_answer("xyz", info["task"].data["entry"])
     _, reward, terminated, _, _ = env.step(_answer("xyz"))
     assert terminated and reward == 0.0
 
@@ -164,7 +167,7 @@ def test_real_bad_settings_raise_config_error(reasoning_gym, overrides, match):
 def test_real_demonstration_earns_full_reward(reasoning_gym):
     env = ReasoningGymEnv(task="basic_arithmetic")
     _, info = env.reset(seed=3)
-    (turn,) = env.demonstration(info.task)
+    (turn,) = env.demonstration(info["task"])
     _, reward, terminated, _, _ = env.step(Message.assistant(turn))
     assert terminated and reward == 1.0
 
@@ -172,6 +175,6 @@ def test_real_demonstration_earns_full_reward(reasoning_gym):
 def test_real_task_without_reference_answer_has_no_demonstration(reasoning_gym):
     env = ReasoningGymEnv(task="graph_color")  # any valid colouring counts
     _, info = env.reset(seed=0)
-    assert info.task.data["entry"]["answer"] is None and info.task.answer == ""
+    assert info["task"].data["entry"]["answer"] is None and info["task"].answer == ""
     with pytest.raises(NotImplementedError, match="no reference answer"):
-        env.demonstration(info.task)
+        env.demonstration(info["task"])

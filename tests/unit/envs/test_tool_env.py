@@ -66,10 +66,13 @@ def test_reset_returns_prompt_and_typed_info():
     messages, info = env.reset(seed=0)
     assert [m.role for m in messages] == [Role.SYSTEM, Role.USER]
     assert "<answer>" in messages[0].content
-    assert isinstance(info, ResetInfo)
-    assert info.split is Split.TEST and info.difficulty == 1
-    assert info.task_id == info.task.id
-    assert [s["function"]["name"] for s in info.tool_schemas] == ["square", "halve"]
+    assert isinstance(info, dict) and isinstance(ResetInfo.from_info(info).task, Task)
+    assert info["split"] is Split.TEST and info["difficulty"] == 1
+    assert info["task_id"] == info["task"].id
+    assert [s["function"]["name"] for s in ResetInfo.from_info(info).tool_schemas] == [
+        "square",
+        "halve",
+    ]
 
 
 def test_task_index_option_picks_the_task():
@@ -82,7 +85,7 @@ def test_task_index_option_picks_the_task():
 
 def test_num_tasks_restricts_the_pool():
     env = SquareEnv(num_tasks=3)
-    ids = {env.reset(seed=s)[1].task_id for s in range(40)}
+    ids = {env.reset(seed=s)[1]["task_id"] for s in range(40)}
     assert ids == {"square/0", "square/1", "square/2"}
 
 
@@ -111,9 +114,9 @@ def test_final_answer_terminates_with_reward_breakdown():
         Message.assistant("So <answer>81</answer>")
     )
     assert (replies, terminated, truncated) == ([], True, False)
-    assert isinstance(step_info, StepInfo)
-    assert step_info.answer == "81"
-    assert step_info.reward.correct == 1.0 and step_info.reward.format == 0.1
+    assert isinstance(step_info, dict) and StepInfo.from_info(step_info).turn == 1
+    assert step_info["answer"] == "81"
+    assert step_info["reward"].correct == 1.0 and step_info["reward"].format == 0.1
     assert reward == pytest.approx(1.1)
     with pytest.raises(ResetNeeded):
         env.step(Message.assistant("<answer>81</answer>"))
@@ -123,25 +126,25 @@ def test_boxed_answer_counts_without_format_bonus():
     env = SquareEnv(format_reward=0.1)
     env.reset(options={"task_index": 9})
     _, reward, terminated, _, info = env.step(Message.assistant("\\boxed{81}"))
-    assert terminated and reward == 1.0 and info.reward.format == 0.0
+    assert terminated and reward == 1.0 and info["reward"].format == 0.0
 
 
 def test_wrong_answer_scores_zero():
     env = SquareEnv(format_reward=0.1)
     env.reset(options={"task_index": 9})
     _, reward, terminated, _, info = env.step(Message.assistant("<answer>80</answer>"))
-    assert terminated and info.reward.correct == 0.0 and reward == pytest.approx(0.1)
+    assert terminated and info["reward"].correct == 0.0 and reward == pytest.approx(0.1)
 
 
 def test_no_call_and_no_answer_is_nudged_then_ends_with_zero():
     env = SquareEnv(max_nudges=1)
     env.reset(seed=0)
     replies, reward, terminated, truncated, info = env.step(Message.assistant("hmm"))
-    assert replies == [Message.user(NUDGE)] and info.nudged
+    assert replies == [Message.user(NUDGE)] and info["nudged"]
     assert (reward, terminated, truncated) == (0.0, False, False)
     replies, reward, terminated, truncated, info = env.step(Message.assistant("still hmm"))
     assert (replies, reward, terminated, truncated) == ([], 0.0, True, False)
-    assert info.answer is None and info.reward.correct == 0.0
+    assert info["answer"] is None and info["reward"].correct == 0.0
 
 
 def test_tool_calls_take_precedence_over_an_answer_in_the_same_turn():
@@ -176,13 +179,13 @@ def test_mistakes_become_tool_messages_in_order():
     replies, reward, terminated, _, info = env.step(Message.assistant(text, calls))
     assert not terminated and reward == 0.0
     assert [m.role for m in replies] == [Role.TOOL] * 4
-    assert [r.error for r in info.tool_results] == [
+    assert [r.error for r in info["tool_results"]] == [
         ToolErrorKind.TOOL_RAISED,
         ToolErrorKind.MALFORMED_CALL,
         ToolErrorKind.UNKNOWN_TOOL,
         ToolErrorKind.INVALID_ARGUMENTS,
     ]
-    assert info.num_tool_errors == 4
+    assert StepInfo.from_info(info).num_tool_errors == 4
     assert "zero has no interesting half" in replies[0].content
 
 
@@ -195,7 +198,7 @@ def test_sandbox_failure_is_a_tool_message():
     replies, _, terminated, _, info = env.step(_call("square", x=3))
     assert not terminated
     assert replies[0].role == Role.TOOL and "docker daemon is gone" in replies[0].content
-    assert info.tool_results[0].error is ToolErrorKind.SANDBOX
+    assert info["tool_results"][0].error is ToolErrorKind.SANDBOX
 
 
 def test_step_needs_reset_and_an_assistant_message():
