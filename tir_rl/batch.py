@@ -20,7 +20,7 @@ longest completion; positions past a completion's end are padding (mask 0).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 import torch
@@ -182,6 +182,25 @@ class MicroBatch:
     def num_padded_tokens(self) -> int:
         """Tokens the forward pass computes, padding included (R × L)."""
         return self.input_ids.numel()
+
+    def token_mask(self, mask: torch.Tensor) -> torch.Tensor:
+        """[n] bool; the value of a batch's [B, T] `mask` at each of this pass's tokens."""
+        return mask[self.seq_indices[self.dest_seq], self.dest_tok].bool()
+
+    def select_tokens(self, keep: torch.Tensor) -> MicroBatch:
+        """The same rows with only the completion tokens where `keep` [n] bool is True.
+
+        The forward pass is unchanged; only the logits at the kept tokens' predicting
+        positions are then needed (e.g. the loss-mask-1 tokens of an update pass).
+        """
+        return replace(
+            self,
+            row=self.row[keep],
+            pred_pos=self.pred_pos[keep],
+            dest_seq=self.dest_seq[keep],
+            dest_tok=self.dest_tok[keep],
+            targets=self.targets[keep],
+        )
 
 
 def plan_micro_batches(

@@ -27,7 +27,10 @@ logits are cast to float32 before the log-softmax, entropy and loss.
 
 The trainer's logprob of completion token t comes from the logits at position t − 1 over the
 full prompt + completion context (all turns), divided by the sampler's temperature, through
-log_softmax in float32.
+log_softmax in float32 (`chunked_token_logprobs`: rows in chunks, no float32 [n, V]
+tensor). lm_head runs only at the positions whose logprob is used (`logits_to_keep`): every
+completion token in `compute_logprobs`, the model tokens (loss mask 1) alone in the update
+pass, since tool and rendered tokens enter neither the loss nor the mismatch metrics.
 
 Sharding: with a process group of world size > 1, every decoder layer and then the root get
 `fully_shard` (FSDP2), and gradients are summed (not averaged) across ranks because the
@@ -108,9 +111,12 @@ class StepResult:
     guard: GuardDecision | None = None
     """The collapse guard's verdict, when a guard was given."""
     logprobs: torch.Tensor | None = None
-    """[B, T] float32 (CPU) trainer logprobs ℓ^old the step used, for every completion token
-    (tool/rendered tokens included; 0 past each completion's end): the given `old_logprobs`,
-    or the update forward's own detached ℓ^θ in the one-pass path."""
+    """[B, T] float32 (CPU) trainer logprobs ℓ^old the step used: the given `old_logprobs`
+    (as given: every completion token when they come from `compute_logprobs`), or, in the
+    one-pass path, the update forward's own detached ℓ^θ of the model tokens (loss mask 1)
+    only, 0 at tool/rendered tokens and past each completion's end (lm_head runs only where
+    the update uses a logprob). Only loss-mask-1 values are meaningful to the mismatch
+    metrics, the correction and the loss."""
 
 
 @dataclass
@@ -118,7 +124,7 @@ class _UpdatePass:
     """What the micro-batch loop of one step leaves behind."""
 
     logprobs: torch.Tensor
-    """[B, T] float32 CPU, detached ℓ^θ of every completion token."""
+    """[B, T] float32 CPU, detached ℓ^θ of the model tokens (loss mask 1); 0 elsewhere."""
     sums: torch.Tensor
     """[2] float64 on the device: unnormalized loss sum, entropy sum over model tokens."""
     metric_names: list[str]
@@ -344,7 +350,8 @@ class Trainer:
 
         Returns:
             The loss, pre-clip gradient norm, whether the step was skipped, metrics, and the
-            ℓ^old used ([B, T] float32 on the CPU, every completion token).
+            ℓ^old used ([B, T] float32 on the CPU; in the one-pass path only the model
+            tokens' entries are filled, 0 elsewhere: see `StepResult.logprobs`).
         """
         t_start = time.perf_counter()
         advantages = advantages.detach().float().cpu()
@@ -489,8 +496,10 @@ class Trainer:
                 self._empty_pass(backward=True)
                 continue
             seqs = mb.seq_indices.to(dev)
-            dest = (mb.dest_seq.to(dev), mb.dest_tok.to(dev))
             width = int(mb.dest_tok.max()) + 1 if len(mb.dest_tok) else 1
+            # The update uses the logprobs of model tokens only: lm_head skips the rest.
+            mb = mb.select_tokens(mb.token_mask(batch.loss_mask))
+            dest = (mb.dest_seq.to(dev), mb.dest_tok.to(dev))
             token_logprobs, entropy = self._forward_token_stats(mb, entropy=True)
             assert entropy is not None
             theta = torch.zeros(len(mb.seq_indices), width, device=dev, dtype=torch.float32)
@@ -521,9 +530,7 @@ class Trainer:
                 num_global_sequences=1,
             )
             loss.backward()
-            model_token = model_mask[dest[0], dest[1]]
-            entropy_sum = torch.where(model_token, entropy, torch.zeros_like(entropy)).sum()
-            sums += torch.stack([loss.detach().double(), entropy_sum.double()])
+            sums += torch.stack([loss.detach().double(), entropy.sum().double()])
             names, row = _metric_row(loss_metrics)
             weight = (mask > 0).sum().float().reshape(1)
             rows.append(torch.cat([weight, row.float()]))

@@ -86,3 +86,44 @@ def test_packed_rows_hold_several_sequences_without_cross_attention(make_trainer
         single = batch.select([i])
         alone[i, : single.completion_ids.shape[1]] = trainer.compute_logprobs(single)[0]
     assert torch.allclose(together, alone, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("packing", list(Packing))
+def test_update_logprobs_of_model_tokens_alone_equal_the_full_path_in_values_and_gradients(
+    make_trainer, packing
+):
+    """lm_head on the loss-mask-1 positions only: same logprobs, entropies and gradients."""
+    batch = make_batch(seed=3, shapes=((6, [5, 4]), (3, [9]), (10, [2, 3, 2]), (4, [7]), (2, [1])))
+    trainer = make_trainer(packing=packing, micro_batch_tokens=40)
+    lm_head = trainer.model.get_output_embeddings()
+    columns: list[int] = []
+    hook = lm_head.register_forward_hook(lambda m, args, out: columns.append(args[0].shape[1]))
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    generator = torch.Generator().manual_seed(0)
+    num_full, num_model = 0, 0
+    for mb in plan_micro_batches(batch, 40, packing):
+        keep = mb.token_mask(batch.loss_mask)
+        weights = torch.randn(int(keep.sum()), generator=generator).to(trainer.device)
+
+        full_logprobs, full_entropy = trainer._forward_token_stats(mb, entropy=True)
+        (full_logprobs[keep.to(trainer.device)] * weights).sum().backward()
+        want_grads = [p.grad.clone() for p in params]
+        trainer.model.zero_grad(set_to_none=True)
+        num_full += columns[-1]
+
+        logprobs, entropy = trainer._forward_token_stats(mb.select_tokens(keep), entropy=True)
+        (logprobs * weights).sum().backward()
+        num_model += columns[-1]
+
+        torch.testing.assert_close(logprobs, full_logprobs[keep.to(trainer.device)].detach())
+        assert full_entropy is not None and entropy is not None
+        torch.testing.assert_close(entropy, full_entropy[keep.to(trainer.device)])
+        for p, want in zip(params, want_grads, strict=True):
+            # fp32 rounding: lm_head's backward sums over a different number of rows.
+            assert p.grad is not None
+            assert (p.grad - want).norm() <= 1e-5 * want.norm() + 1e-9, float(
+                (p.grad - want).norm() / want.norm()
+            )
+        trainer.model.zero_grad(set_to_none=True)
+    hook.remove()
+    assert num_model < num_full  # the tool tokens' columns really left lm_head
