@@ -4,16 +4,23 @@ The step is: model forward over prompt + completion, logprobs of the completion 
 GRPOLoss, backward. The mismatch work is `mismatch_metrics` + `correction` (recommended
 preset) on the same [B, T] completion tensors, with multi-turn masks and turn ids.
 
+The model keeps float32 weights; `--dtype` other than float32 runs the forward under autocast
+(the trainer's mixed precision); logprobs are float32. The step's model FLOPs utilisation is
+reported beside its time (bench/mfu.py).
+
     python bench/mismatch_overhead.py                 # tiny Llama (default)
     python bench/mismatch_overhead.py --model bundled --batch 4 --completion 256
+    python bench/mismatch_overhead.py --model bundled --device cuda --dtype bfloat16
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 
+import mfu
 import torch
 
 from tir_rl.grpo import GRPOLoss
@@ -36,12 +43,14 @@ def multi_turn_layout(batch: int, length: int, *, num_turns: int, tool_len: int)
     return mask, turns
 
 
-def median_s(fn, reps: int) -> float:
+def median_s(fn, reps: int, device: torch.device) -> float:
     fn()  # warm-up
     times = []
     for _ in range(reps):
+        mfu.synchronize(device)
         start = time.perf_counter()
         fn()
+        mfu.synchronize(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -53,29 +62,42 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=64)
     parser.add_argument("--completion", type=int, default=448)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    parser.add_argument("--dtype", choices=list(mfu.DTYPES), default="float32")
+    parser.add_argument("--peak-tflops", type=float, default=None, help="MFU denominator")
     args = parser.parse_args()
+    device = mfu.pick_device(args.device)
 
     from transformers import AutoModelForCausalLM
 
     path = prepare_tiny_model() if args.model == "tiny" else prepare_bundled_model()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
     model.train()
+    compute = mfu.DTYPES[args.dtype]
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     batch, prompt, completion = args.batch, args.prompt, args.completion
-    input_ids = torch.randint(0, vocab, (batch, prompt + completion), generator=gen)
+    input_ids = torch.randint(0, vocab, (batch, prompt + completion), generator=gen).to(device)
     loss_mask, turn_ids = multi_turn_layout(batch, completion, num_turns=4, tool_len=24)
-    advantages = torch.randn(batch, generator=gen)
+    loss_mask, turn_ids = loss_mask.to(device), turn_ids.to(device)
+    advantages = torch.randn(batch, generator=gen).to(device)
     loss_fn = GRPOLoss()
 
     def completion_logprobs() -> torch.Tensor:
-        logits = model(input_ids=input_ids).logits[:, prompt - 1 : -1].float()
+        autocast = (
+            contextlib.nullcontext()
+            if compute == torch.float32
+            else torch.autocast(device_type=device.type, dtype=compute)
+        )
+        with autocast:
+            logits = model(input_ids=input_ids).logits
+        logits = logits[:, prompt - 1 : -1].float()
         targets = input_ids[:, prompt:]
         return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
     with torch.no_grad():
         old = completion_logprobs()
-    sampler = old + 0.03 * torch.randn(old.shape, generator=gen)
+    sampler = old + 0.03 * torch.randn(old.shape, generator=gen).to(device)
     sampler[loss_mask == 0] = 0.0
     config = MismatchCorrection.Config.preset("geo_rs_token_tis")
 
@@ -90,13 +112,20 @@ def main() -> None:
         result = correction(old, sampler, loss_mask, turn_ids, config)
         result.stats.to_dict()
 
-    step_s = median_s(step, args.reps)
-    mismatch_s = median_s(mismatch, args.reps * 4)
+    step_s = median_s(step, args.reps, device)
+    mismatch_s = median_s(mismatch, args.reps * 4, device)
+    peak, peak_source = mfu.peak_tflops(device, args.dtype, args.peak_tflops)
+    flops = mfu.model_flops(model, [prompt + completion] * batch, backward=True)
     rows = [
         ("model", args.model),
+        ("device, compute dtype", f"{device}, {args.dtype}"),
         ("batch x (prompt + completion)", f"{batch} x ({prompt} + {completion})"),
         ("torch threads", str(torch.get_num_threads())),
         ("loss fwd+bwd step (ms)", f"{step_s * 1e3:.1f}"),
+        (
+            f"step MFU (peak {peak:.3g} TFLOP/s, {peak_source})",
+            f"{100 * flops / step_s / (peak * 1e12):.1f}%",
+        ),
         ("mismatch metrics + correction (ms)", f"{mismatch_s * 1e3:.2f}"),
         ("overhead ratio (mismatch / step)", f"{100 * mismatch_s / step_s:.2f}%"),
     ]

@@ -1,13 +1,17 @@
-"""Trainer tokens/s with and without padding-free packing, on a realistic length spread.
+"""Trainer tokens/s and MFU per layout (packed, bucketed, padded) on a realistic length spread.
 
 Episodes get lengths drawn uniformly from [--min-len, --max-len] (prompt 10%, completion 90%,
-one model-token turn and tool tokens in between). For each layout (packed, bucketed, padded)
-the script times `Trainer.compute_logprobs` (the no-grad recompute) and, with `--train`, a
-full `train_step` (recompute + forward/backward + AdamW), and prints real (unpadded)
-tokens per second and the ratio to the padded baseline, measured in one run.
+one model-token turn and tool tokens in between). For each layout the script times
+`Trainer.compute_logprobs` (the no-grad recompute) and, with `--train`, the update pass
+(`train_step` with ℓ^old given: forward + backward + AdamW, no recompute inside), the
+one-pass step (`train_step` alone: ℓ^old = ℓ^θ detached) and the two-pass step (recompute,
+then the update). It prints real (unpadded) tokens/s, model FLOPs utilisation (bench/mfu.py)
+and ratios, all measured in one run.
 
     python bench/trainer_packing.py                      # bundled SmolLM2-135M, CPU fp32
     python bench/trainer_packing.py --model tiny --num-seqs 32 --train
+    python bench/trainer_packing.py --device cuda --dtype bfloat16 --num-seqs 64 \\
+        --min-len 256 --max-len 2048 --micro-batch-tokens 8192 --train
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import argparse
 import random
 import time
 
+import mfu
 import torch
 
 from tir_rl.batch import Packing, TrainBatch, plan_micro_batches
@@ -43,58 +48,94 @@ def make_batch(num_seqs: int, min_len: int, max_len: int, seed: int) -> TrainBat
     return TrainBatch.from_trajectories(trajectories)
 
 
+def timed(fn, repeats: int) -> float:
+    """Mean seconds of `fn` (each call ends with a host read, so no extra sync is needed)."""
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - start) / repeats
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="bundled")
+    parser.add_argument("--model", default="bundled", help="bundled, tiny, small8m or a path")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    parser.add_argument("--dtype", choices=list(mfu.DTYPES), default="float32")
+    parser.add_argument("--peak-tflops", type=float, default=None, help="MFU denominator")
     parser.add_argument("--num-seqs", type=int, default=8)
     parser.add_argument("--min-len", type=int, default=64)
     parser.add_argument("--max-len", type=int, default=1024)
     parser.add_argument("--micro-batch-tokens", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--train", action="store_true", help="also time a full train_step")
+    parser.add_argument("--train", action="store_true", help="also time the training steps")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--layouts", default="padded,bucketed,packed", help="order to time them in (first = base)"
     )
     args = parser.parse_args()
 
+    device = mfu.pick_device(args.device)
     batch = make_batch(args.num_seqs, args.min_len, args.max_len, args.seed)
     lens = batch.total_lens
-    print(
-        f"model={args.model} sequences={batch.num_sequences} tokens={batch.num_tokens} "
-        f"lengths min/mean/max={int(lens.min())}/{float(lens.float().mean()):.0f}/"
-        f"{int(lens.max())} budget={args.micro_batch_tokens} threads={torch.get_num_threads()}"
+    config = Trainer.Config(
+        model=mfu.resolve_bench_model(args.model),
+        micro_batch_tokens=args.micro_batch_tokens,
+        device=str(device),
+        dtype=args.dtype,
     )
-    trainer = Trainer(Trainer.Config(model=args.model, micro_batch_tokens=args.micro_batch_tokens))
+    trainer = Trainer(config)
+    peak, peak_source = mfu.peak_tflops(device, args.dtype, args.peak_tflops)
+    print(
+        f"model={args.model} device={device} dtype={args.dtype} sequences={batch.num_sequences} "
+        f"tokens={batch.num_tokens} lengths min/mean/max={int(lens.min())}/"
+        f"{float(lens.float().mean()):.0f}/{int(lens.max())} budget={args.micro_batch_tokens} "
+        f"threads={torch.get_num_threads()} peak={peak:.3g} TFLOP/s ({peak_source})"
+    )
+    seq_lens = lens.tolist()
+    forward_flops = mfu.model_flops(trainer.model, seq_lens, backward=False)
+    train_flops = mfu.model_flops(trainer.model, seq_lens, backward=True)
     advantages = torch.linspace(-1, 1, batch.num_sequences)
-    rows = []
+    results = []
     for packing in [Packing(name) for name in args.layouts.split(",")]:
         trainer.config.packing = packing
         plan = plan_micro_batches(batch, args.micro_batch_tokens, packing)
         computed = sum(mb.num_padded_tokens for mb in plan)
         trainer.compute_logprobs(batch.select([0]))  # warm-up
-        t0 = time.perf_counter()
-        for _ in range(args.repeats):
-            trainer.compute_logprobs(batch)
-        fwd_s = (time.perf_counter() - t0) / args.repeats
-        step_s = float("nan")
+        mfu.reset_peak_memory(device)
+        old = trainer.compute_logprobs(batch)
+        recompute_s = timed(lambda: trainer.compute_logprobs(batch), args.repeats)
+        timings = {"recompute": recompute_s}
         if args.train:
-            t0 = time.perf_counter()
-            trainer.train_step(batch, advantages)
-            step_s = time.perf_counter() - t0
-        rows.append((packing.value, len(plan), computed, fwd_s, step_s))
+            trainer.train_step(batch.select([0]), advantages[:1])  # warm-up of backward/AdamW
+            timings["update"] = timed(
+                lambda old=old: trainer.train_step(batch, advantages, old_logprobs=old),
+                args.repeats,
+            )
+            timings["one_pass"] = timed(lambda: trainer.train_step(batch, advantages), args.repeats)
+            timings["two_pass"] = recompute_s + timings["update"]
+        results.append((packing.value, len(plan), computed, timings, mfu.peak_memory_gib(device)))
 
-    base = next((r for r in rows if r[0] == Packing.PADDED.value), rows[0])
-    base_fwd, base_step = base[3], base[4]
-    print(
-        f"{'layout':<10}{'passes':>7}{'computed tok':>14}{'recompute tok/s':>17}"
-        f"{'ratio':>7}{'train_step tok/s':>18}{'ratio':>7}"
-    )
-    for name, passes, computed, fwd_s, step_s in rows:
-        print(
-            f"{name:<10}{passes:>7}{computed:>14}{batch.num_tokens / fwd_s:>17.0f}"
-            f"{base_fwd / fwd_s:>7.2f}{batch.num_tokens / step_s:>18.0f}{base_step / step_s:>7.2f}"
-        )
+    base = next((r for r in results if r[0] == Packing.PADDED.value), results[0])[3]
+    tokens = batch.num_tokens
+
+    def rate(seconds: float, flops: float) -> list[str]:
+        return [f"{tokens / seconds:.0f}", f"{100 * flops / seconds / (peak * 1e12):.1f}%"]
+
+    header = ["layout", "passes", "computed tok", "recompute tok/s", "MFU", "÷ base"]
+    if args.train:
+        header += ["update tok/s", "MFU", "÷ base", "one-pass step tok/s", "two-pass ÷ one-pass"]
+    header.append("peak GiB")
+    rows = []
+    for name, passes, computed, timings, memory in results:
+        row = [name, str(passes), str(computed), *rate(timings["recompute"], forward_flops)]
+        row.append(f"{base['recompute'] / timings['recompute']:.2f}")
+        if args.train:
+            row += rate(timings["update"], train_flops)
+            row.append(f"{base['update'] / timings['update']:.2f}")
+            row.append(f"{tokens / timings['one_pass']:.0f}")
+            row.append(f"{timings['two_pass'] / timings['one_pass']:.2f}")
+        rows.append([*row, memory])
+    mfu.print_table(header, rows)
 
 
 if __name__ == "__main__":
