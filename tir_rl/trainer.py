@@ -172,6 +172,11 @@ class Trainer:
         explicit block-diagonal mask, which sdpa serves with its math kernel (it keeps the
         L_row² attention probabilities per layer for backward): packing wins on the no-grad
         recompute, `bucketed` can win on the training pass (bench/trainer_packing.py)."""
+        tf32: bool = False
+        """CUDA only: let float32 matrix products use TF32 tensor cores (10-bit mantissa;
+        about 2× float32 throughput). Off by default: float32 compute then means IEEE
+        float32. Sets the process-wide `torch.set_float32_matmul_precision` ("high" when on,
+        "highest" when off); refused on the CPU, which has no TF32."""
         grad_checkpointing: bool = False
         """Recompute activations in backward to save memory."""
         attn_implementation: str = "sdpa"
@@ -210,6 +215,13 @@ class Trainer:
         self.config.validate()
         seed_everything(self.config.seed + tdist.rank())
         self.device = _pick_device(self.config.device)
+        if self.config.tf32 and self.device.type != "cuda":
+            raise ConfigError(
+                f"trainer.tf32 is for CUDA float32 matrix products; the trainer runs on "
+                f"{self.device}. Set trainer.tf32 false (or trainer.device cuda)."
+            )
+        if self.device.type == "cuda":
+            torch.set_float32_matmul_precision("high" if self.config.tf32 else "highest")
         self.model_path = resolve_model(self.config.model)
         self.compute_dtype = _DTYPES[self.config.dtype]
         model = AutoModelForCausalLM.from_pretrained(

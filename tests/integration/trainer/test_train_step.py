@@ -158,3 +158,20 @@ def test_bf16_compute_runs_the_forward_in_bf16(make_trainer):
     trainer.compute_logprobs(make_batch())
     handle.remove()
     assert seen and set(seen) == {torch.bfloat16}
+
+
+def test_tf32_is_an_explicit_cuda_setting_refused_on_the_cpu(make_trainer, device):
+    from tir_rl.errors import ConfigError
+
+    if device == "cpu":
+        with pytest.raises(ConfigError, match="tf32"):
+            make_trainer(tf32=True)
+        return
+    before = torch.get_float32_matmul_precision()
+    try:
+        make_trainer(tf32=True)
+        assert torch.get_float32_matmul_precision() == "high"
+        make_trainer(tf32=False)
+        assert torch.get_float32_matmul_precision() == "highest"
+    finally:
+        torch.set_float32_matmul_precision(before)
