@@ -130,11 +130,6 @@ class _UpdatePass:
     metric_rows: list[torch.Tensor]
     """Per micro-batch, on the device: [1 + len(metric_names)], its loss-token count first."""
 
-    @property
-    def stop(self) -> bool:
-        """Whether the guard asked the loop to checkpoint and stop."""
-        return self.guard is not None and self.guard.action is GuardAction.STOP
-
 
 class Trainer:
     """Holds the policy model and its optimizer on this rank; runs GRPO steps."""
