@@ -139,7 +139,8 @@ class Trainer:
         """Trainer settings."""
 
         model: str = "tiny"
-        """`bundled`, `tiny`, or a local Hugging Face checkpoint folder."""
+        """`bundled`, `tiny`, or a local Hugging Face checkpoint folder. In a run config, leave
+        it unset: it follows the top-level `model` (another value is refused)."""
         lr: float = 1e-6
         """AdamW learning rate."""
         betas: tuple[float, float] = (0.9, 0.999)
