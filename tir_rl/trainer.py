@@ -112,6 +112,11 @@ class StepResult:
     (tool/rendered tokens included; 0 past each completion's end): the given `old_logprobs`,
     or the update forward's own detached ℓ^θ in the one-pass path."""
 
+    @property
+    def stop(self) -> bool:
+        """Whether the guard asked the loop to checkpoint and stop."""
+        return self.guard is not None and self.guard.action is GuardAction.STOP
+
 
 @dataclass
 class _UpdatePass:
@@ -124,11 +129,6 @@ class _UpdatePass:
     metric_names: list[str]
     metric_rows: list[torch.Tensor]
     """Per micro-batch, on the device: [1 + len(metric_names)], its loss-token count first."""
-
-    @property
-    def stop(self) -> bool:
-        """Whether the guard asked the loop to checkpoint and stop."""
-        return self.guard is not None and self.guard.action is GuardAction.STOP
 
 
 class Trainer:
