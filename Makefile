@@ -1,8 +1,10 @@
-.PHONY: train test setup lint
+.PHONY: train test test-fast setup lint
 train:  ## set up everything, then run the quickstart training job
 	bash scripts/train.sh
-test:   ## set up everything, then run the test suite
+test:   ## set up everything, then run the whole test suite (slow lane included; what CI runs)
 	bash scripts/test.sh
+test-fast:  ## the same without the tests marked slow (for development)
+	TIR_RL_TEST_FAST=1 bash scripts/test.sh
 setup:
 	bash scripts/setup.sh
 lint:

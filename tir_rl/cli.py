@@ -56,7 +56,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise TirError("give --config FILE (e.g. configs/quickstart.yaml) or --resume RUN_DIR")
     summary = run_train(config, resume=bool(args.resume))
     if summary.rank != 0:
-        return 130 if summary.interrupted else 0
+        return summary.exit_status
     before, after = summary.accuracy_before, summary.accuracy_after
     print(f"run folder: {summary.run_dir}")
     print(
@@ -68,7 +68,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(f"held-out pass@1 before: {before:.3f}")
     if after is not None:
         print(f"held-out pass@1 after:  {after:.3f}")
-    return 130 if summary.interrupted else 0
+    return summary.exit_status
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ import os
 import socket
 import sys
 from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from datetime import timedelta
 from enum import StrEnum
 
@@ -195,12 +196,18 @@ def all_gather_object(obj: object) -> list[object]:
 def all_reduce_metrics(
     metrics: Mapping[str, float], ops: Mapping[str, ReduceOp] | None = None
 ) -> dict[str, float]:
-    """Reduce a flat metrics dict across ranks in a few collectives.
+    """Reduce a flat metrics dict across ranks to the values of the whole batch.
 
     Ranks may hold different keys (e.g. per-turn buckets only some ranks have): the result
     has the union, each reduced over the ranks that have it. A key's op comes from `ops`,
-    else from its name: names containing `max` take the maximum, `min` the minimum,
-    everything else the mean over the ranks holding the key.
+    else from its name (`metric_reduce_op`): counts are summed, `max`/`min` names take the
+    maximum/minimum, everything else is a mean.
+
+    A mean is the global ratio, not the average of per-rank ratios: each rank's value is
+    weighted by its denominator, the count named by `metric_denominator` (a rank holding
+    fewer tokens counts less; one holding none, e.g. the masked copy a rank without a
+    sequence trains on, counts not at all), and such a rank's `max`/`min` are left out too.
+    Keys without a denominator in the dict are averaged over the ranks holding them.
     """
     if not is_initialized():
         return dict(metrics)
@@ -208,28 +215,78 @@ def all_reduce_metrics(
     ops = dict(ops or {})
     by_op: dict[ReduceOp, list[str]] = {}
     for key in keys:
-        by_op.setdefault(ops.get(key) or _op_from_name(key), []).append(key)
+        by_op.setdefault(ops.get(key) or metric_reduce_op(key), []).append(key)
+    known = set(keys)
     out: dict[str, float] = {}
     for op, names in by_op.items():
+        values = torch.tensor([float(metrics.get(k, 0.0)) for k in names], dtype=torch.float64)
         present = torch.tensor([float(k in metrics) for k in names], dtype=torch.float64)
-        fill = {ReduceOp.MAX: -math.inf, ReduceOp.MIN: math.inf}.get(op, 0.0)
-        values = torch.tensor([float(metrics.get(k, fill)) for k in names], dtype=torch.float64)
-        if op is ReduceOp.MEAN:
-            both = all_reduce_tensor(torch.stack([values, present]), ReduceOp.SUM)
-            reduced = both[0] / both[1].clamp(min=1)
-        else:
-            reduced = all_reduce_tensor(values, op)
+        weight = present * torch.tensor(
+            [_local_weight(metrics, metric_denominator(k, known)) for k in names],
+            dtype=torch.float64,
+        )
+        if op is ReduceOp.SUM:
+            reduced = all_reduce_tensor(values * present, ReduceOp.SUM)
+        elif op is ReduceOp.MEAN:
+            sums = all_reduce_tensor(
+                torch.stack([values * weight, weight, values * present, present]), ReduceOp.SUM
+            )
+            weighted = sums[0] / sums[1].clamp(min=1e-300)
+            plain = sums[2] / sums[3].clamp(min=1)
+            reduced = torch.where(sums[1] > 0, weighted, plain)
+        else:  # MAX / MIN: ranks whose denominator is 0 have nothing to contribute
+            fill = -math.inf if op is ReduceOp.MAX else math.inf
+            both = all_reduce_tensor(
+                torch.stack(
+                    [torch.where(weight > 0, values, fill), torch.where(present > 0, values, fill)]
+                ),
+                op,
+            )
+            reduced = torch.where(torch.isfinite(both[0]), both[0], both[1])
         out.update(zip(names, reduced.tolist(), strict=True))
     return out
 
 
-def _op_from_name(name: str) -> ReduceOp:
+def metric_reduce_op(name: str) -> ReduceOp:
+    """How a metric combines across ranks, from its last name part.
+
+    `num_*` and `*_tokens` are counts (summed); names containing `max`/`min` take the
+    maximum/minimum; everything else is a mean.
+    """
     leaf = name.rsplit("/", 1)[-1]
+    if leaf.startswith("num_") or leaf.endswith("_tokens"):
+        return ReduceOp.SUM
     if "max" in leaf:
         return ReduceOp.MAX
     if "min" in leaf:
         return ReduceOp.MIN
     return ReduceOp.MEAN
+
+
+def metric_denominator(name: str, keys: AbstractSet[str]) -> str | None:
+    """The count among `keys` that `name`'s value is a ratio over, or None.
+
+    A namespace holding `num_tokens` (e.g. `mismatch/`, `mismatch/turn_1/`) has its ratios
+    over tokens, except sequence ratios (a last part containing `seq` or `ppl`) over
+    `num_seqs` and the correction's weight stats over `num_tokens_kept`, when the namespace
+    holds those. Ratios over a unit the namespace does not count (e.g. turns) fall back to
+    its tokens: exact when a rank holds no tokens, a token-weighted mean otherwise.
+    """
+    namespace, _, leaf = name.rpartition("/")
+    prefix = f"{namespace}/" if namespace else ""
+    if f"{prefix}num_tokens" not in keys or metric_reduce_op(name) is ReduceOp.SUM:
+        return None
+    if ("seq" in leaf or "ppl" in leaf) and f"{prefix}num_seqs" in keys:
+        return f"{prefix}num_seqs"
+    if leaf.startswith("weight_") and f"{prefix}num_tokens_kept" in keys:
+        return f"{prefix}num_tokens_kept"
+    return f"{prefix}num_tokens"
+
+
+def _local_weight(metrics: Mapping[str, float], denominator: str | None) -> float:
+    if denominator is None:
+        return 1.0
+    return max(float(metrics.get(denominator, 0.0)), 0.0)
 
 
 def broadcast_object(obj: object, src: int = 0) -> object:

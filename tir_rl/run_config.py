@@ -86,6 +86,10 @@ class EnvSection:
     """Held-out split for evaluation (disjoint from `train_split` by construction)."""
 
 
+FOLLOWS_MODEL = ""
+"""Default of `engine.model_path` and `trainer.model` in a run config: take `model`."""
+
+
 @dataclass(kw_only=True)
 class RunConfig:
     """Everything one run needs."""
@@ -95,10 +99,10 @@ class RunConfig:
     run: RunSection = field(default_factory=RunSection)
     env: EnvSection = field(default_factory=EnvSection)
     engine: VLLMLocalEngine.Config = field(
-        default_factory=lambda: VLLMLocalEngine.Config(model_path="bundled")
+        default_factory=lambda: VLLMLocalEngine.Config(model_path=FOLLOWS_MODEL)
     )
     rollout: Rollout.Config = field(default_factory=Rollout.Config)
-    trainer: Trainer.Config = field(default_factory=lambda: Trainer.Config(model="bundled"))
+    trainer: Trainer.Config = field(default_factory=lambda: Trainer.Config(model=FOLLOWS_MODEL))
     loss: GRPOLoss.Config = field(default_factory=GRPOLoss.Config)
     correction: MismatchCorrection.Config = field(default_factory=MismatchCorrection.Config)
     correction_preset: str | None = None
@@ -126,8 +130,22 @@ class RunConfig:
             }
             self.correction = MismatchCorrection.Config.preset(self.correction_preset, **changed)
             self.correction_preset = None  # folded in: the saved config is explicit
-        self.engine = dataclasses.replace(self.engine, model_path=self.model)
+        self._follow_model()
         self._apply_injection()
+
+    def _follow_model(self) -> None:
+        """Point engine and trainer at `model`; refuse a different checkpoint for either."""
+        for key, given in (
+            ("engine.model_path", self.engine.model_path),
+            ("trainer.model", self.trainer.model),
+        ):
+            if given not in (FOLLOWS_MODEL, self.model):
+                raise ConfigError(
+                    f"{key}={given!r} differs from model={self.model!r}: the sampler and the "
+                    f"trainer start from the same weights, named once by `model`. Set "
+                    f"model={given!r} and leave {key} unset."
+                )
+        self.engine = dataclasses.replace(self.engine, model_path=self.model)
         self.trainer.model = self.model
 
     def _apply_injection(self) -> None:

@@ -77,6 +77,16 @@ class TrainSummary:
     checkpoints: list[Path] = field(default_factory=list)
     rank: int = 0
     """This process's rank; only rank 0 measures the accuracies."""
+    world_size: int = 1
+
+    @property
+    def exit_status(self) -> int:
+        """130 for an interrupted one-process run, else 0.
+
+        The ranks of an interrupted multi-rank run exit 0 (their checkpoint is written): for
+        torchrun a non-zero status is a failed rank, whose peers it ends at once.
+        """
+        return 130 if self.interrupted and self.world_size == 1 else 0
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -128,11 +138,27 @@ def _run_train(config: RunConfig, *, resume: bool) -> TrainSummary:
         logger.warning("VLLM_ENABLE_V1_MULTIPROCESSING=0 ignored: multi-rank runs need 1")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     started = time.perf_counter()
-    with open_runtime(config) if rank0 else contextlib.nullcontext() as runtime:
-        loop = _TrainLoop(config, runtime, resume=resume)
-        summary = loop.run()
+    loop: _TrainLoop | None = None
+    try:
+        with open_runtime(config) if rank0 else contextlib.nullcontext() as runtime:
+            loop = _TrainLoop(config, runtime, resume=resume)
+            summary = loop.run()
+    finally:
+        if loop is not None and loop.ended_together:
+            _leave_together()
     summary.wall_time_s = time.perf_counter() - started
     return summary
+
+
+def _leave_together() -> None:
+    """Wait until rank 0 has closed its engine before any rank exits.
+
+    torchrun ends the other ranks as soon as one exits with an error (a ParityError, an
+    interrupt), which would cut rank 0's engine shutdown short. Called only when every rank
+    ended the run the same way, so none waits for a rank that is not coming.
+    """
+    with contextlib.suppress(Exception):  # a broken group must not hide the run's own error
+        tdist.barrier()
 
 
 def exec_under_torchrun(
@@ -304,7 +330,10 @@ class _TrainLoop:
             if ckpt is None:
                 raise ConfigError(f"{self.run_dir} has no checkpoint to resume from.")
             state = checkpoint.load(ckpt, self.trainer, guard=self.guard)
-            self.start_step = int(state.step)
+            # The loop's position, not the trainer's count of updates (a step without a
+            # trainable episode makes none).
+            position = state.data_position
+            self.start_step = int(position if position is not None else state.step)
             logger.info("resumed from %s (step %d)", ckpt, self.start_step)
             self._sync_weights(force=True)
         elif self.injection.transforms_weights:
@@ -318,8 +347,13 @@ class _TrainLoop:
             if self.rank0
             else None
         )
-        self.summary = TrainSummary(self.run_dir, self.start_step, rank=tdist.rank())
+        self.summary = TrainSummary(
+            self.run_dir, self.start_step, rank=tdist.rank(), world_size=self.world
+        )
         self._all_failed_steps = 0
+        self.ended_together = False
+        """Whether every rank ended `run` the same way (finished, or an error shared by
+        `_share`), so that all of them reach the exit barrier."""
 
     # ------------------------------------------------------------------ the loop
 
@@ -362,10 +396,13 @@ class _TrainLoop:
                     self.summary.stopped_by_guard = True
                     break
             self.summary.accuracy_after = self._evaluate_shared(self.summary.steps_done, "after")
+            self.ended_together = True
         except KeyboardInterrupt:
             logger.warning("interrupted: saving a checkpoint at step %d", self.summary.steps_done)
             self.summary.interrupted = True
+            self.ended_together = True
         except ParityError:
+            self.ended_together = True
             self._checkpoint(self.summary.steps_done)
             raise
         finally:
@@ -394,10 +431,12 @@ class _TrainLoop:
                     kept, parts = fn()
             except BaseException as exc:
                 tdist.scatter_object([_Failure.of(exc)] * self.world)
+                self.ended_together = True
                 raise
             return kept, tdist.scatter_object(parts)
         part = tdist.scatter_object(None)
         if isinstance(part, _Failure):
+            self.ended_together = True
             part.raise_()
         return None, part
 
@@ -437,6 +476,9 @@ class _TrainLoop:
         updated, stop = tdist.broadcast_object(
             (result is not None and not result.skipped, result is not None and result.stop)
         )  # type: ignore[misc]
+        # The trainer has taken this step: a failure from here on (Ctrl-C, a ParityError in
+        # the sync) checkpoints it as done, and `--resume` goes on with the next one.
+        self.summary.steps_done = step + 1
         old_logprobs = self._gather_logprobs(plan, local_logprobs)
         t_train = time.perf_counter() - t1
 

@@ -118,6 +118,11 @@ class StepResult:
     the update uses a logprob). Only loss-mask-1 values are meaningful to the mismatch
     metrics, the correction and the loss."""
 
+    @property
+    def stop(self) -> bool:
+        """Whether the guard asked the loop to checkpoint and stop."""
+        return self.guard is not None and self.guard.action is GuardAction.STOP
+
 
 @dataclass
 class _UpdatePass:
@@ -131,11 +136,6 @@ class _UpdatePass:
     metric_rows: list[torch.Tensor]
     """Per micro-batch, on the device: [1 + len(metric_names)], its loss-token count first."""
 
-    @property
-    def stop(self) -> bool:
-        """Whether the guard asked the loop to checkpoint and stop."""
-        return self.guard is not None and self.guard.action is GuardAction.STOP
-
 
 class Trainer:
     """Holds the policy model and its optimizer on this rank; runs GRPO steps."""
@@ -145,7 +145,8 @@ class Trainer:
         """Trainer settings."""
 
         model: str = "tiny"
-        """`bundled`, `tiny`, or a local Hugging Face checkpoint folder."""
+        """`bundled`, `tiny`, or a local Hugging Face checkpoint folder. In a run config, leave
+        it unset: it follows the top-level `model` (another value is refused)."""
         lr: float = 1e-6
         """AdamW learning rate."""
         betas: tuple[float, float] = (0.9, 0.999)

@@ -104,3 +104,15 @@ def test_every_shipped_config_loads():
     for path in files:
         cfg = config.load(RunConfig, path)
         assert cfg.engine.model_path == cfg.model == cfg.trainer.model, path
+
+
+def test_engine_and_trainer_follow_model_and_a_different_checkpoint_is_refused():
+    from tir_rl.run_config import RunConfig
+
+    cfg = config.load(RunConfig, None, ["model=tiny"])
+    assert cfg.engine.model_path == cfg.trainer.model == "tiny"
+    same = config.load(RunConfig, None, ["model=tiny", "trainer.model=tiny"])
+    assert same.trainer.model == "tiny"
+    for key in ("trainer.model", "engine.model_path"):
+        with pytest.raises(ConfigError, match=f"{key}='bundled' differs from model='tiny'"):
+            config.load(RunConfig, None, ["model=tiny", f"{key}=bundled"])

@@ -75,7 +75,8 @@ class VLLMLocalEngine:
         """Settings of the local vLLM engine; every value that affects parity is explicit."""
 
         model_path: str
-        """Checkpoint folder, or `bundled` / `tiny` (see `tir_rl.models.resolve_model`)."""
+        """Checkpoint folder, or `bundled` / `tiny` (see `tir_rl.models.resolve_model`). In a
+        run config, leave it unset: it follows the top-level `model` (another value is refused)."""
         dtype: str = "float32"
         """Compute dtype. float32 on CPU (no native bf16 here: slow and mismatched)."""
         max_model_len: int = 2048

@@ -4,20 +4,31 @@ Registers a fake env whose reward differs within a group (a random tiny model ne
 MultiHop) and saves each step's trajectories as `trajectories_stepN.pt` in the run folder,
 so the test can replay step 1 in one process.
 
+With `TIR_TEST_RANK_DIR` set, each rank writes its output to `rank{R}.log`, its pid to
+`rank{R}.pid` and its exit status to `rank{R}.exit` there (no `.exit` file: the rank was
+killed). With `TIR_TEST_PARITY_FAILS_AT_SYNC=N`, the N-th parity probe of the run (1-based)
+raises a ParityError, as a real sampler/trainer disagreement would.
+
 Usage: python -m torch.distributed.run --nproc-per-node 2 fsdp2_train_worker.py train ...
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
+from pathlib import Path
 
 import gymnasium
 import torch
 
 from tir_rl import cli, train
+from tir_rl.engine import parity
 from tir_rl.envs.multihop import MultiHopEnv
+from tir_rl.errors import ParityError
 
 FAKE_ENV_ID = "tests/FakeParityRewardFsdp-v0"
+INJECTED_PARITY_MESSAGE = "injected parity failure for the test"
 
 
 class FakeParityRewardEnv(MultiHopEnv):
@@ -28,8 +39,7 @@ class FakeParityRewardEnv(MultiHopEnv):
         return [], reward, True, False, {}
 
 
-def main(argv: list[str]) -> int:
-    gymnasium.register(id=FAKE_ENV_ID, entry_point=FakeParityRewardEnv)
+def _record_trajectories() -> None:
     rollouts = train._TrainLoop._rollouts
 
     def recording_rollouts(self, step):
@@ -38,7 +48,51 @@ def main(argv: list[str]) -> int:
         return plan, works
 
     train._TrainLoop._rollouts = recording_rollouts
-    return cli.main(argv)
+
+
+def _fail_parity_at(sync: int) -> None:
+    probe = parity.probe_parity
+    calls = 0
+
+    async def failing_probe(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if calls == sync:
+            raise ParityError(f"{INJECTED_PARITY_MESSAGE} (probe {calls})")
+        return await probe(*args, **kwargs)
+
+    parity.probe_parity = failing_probe
+
+
+def main(argv: list[str]) -> int:
+    gymnasium.register(id=FAKE_ENV_ID, entry_point=FakeParityRewardEnv)
+    _record_trajectories()
+    if "TIR_TEST_PARITY_FAILS_AT_SYNC" in os.environ:
+        _fail_parity_at(int(os.environ["TIR_TEST_PARITY_FAILS_AT_SYNC"]))
+    rank_dir = os.environ.get("TIR_TEST_RANK_DIR")
+    if rank_dir is None:
+        return cli.main(argv)
+    rank = os.environ.get("RANK", "0")
+    base = Path(rank_dir) / f"rank{rank}"
+    log = open(f"{base}.log", "w")  # noqa: SIM115 (stays open as the rank's stdout/stderr)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    Path(f"{base}.pid").write_text(str(os.getpid()))
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s",
+    )
+    code: int | str | None = 1
+    try:
+        code = cli.main(argv)
+    except SystemExit as exc:  # SIGTERM (`tir_rl.cli.exit_on_sigterm`)
+        code = exc.code
+        raise
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        Path(f"{base}.exit").write_text(str(code))
+    return code
 
 
 if __name__ == "__main__":

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import subprocess
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
+from fsdp2_train_worker import INJECTED_PARITY_MESSAGE
 
 from tir_rl import checkpoint
 from tir_rl import distributed as tdist
@@ -26,26 +30,39 @@ ROOT = Path(__file__).resolve().parents[3]
 WORKER = Path(__file__).with_name("fsdp2_train_worker.py")
 
 
+def _train_command(out: Path, *extra: str, resume: Path | None = None) -> list[str]:
+    """torchrun running the worker's `tir-rl train` on two ranks, the test config."""
+    args = ["train"]
+    if resume is not None:
+        args += ["--resume", str(resume)]
+    else:
+        args += ["--config", str(ROOT / "configs" / "fsdp2_cpu.yaml")]
+        for override in BASE_OVERRIDES + [f"run.out_dir={out}"]:
+            args += ["--set", override]
+    for override in extra:
+        args += ["--set", override]
+    return tdist.torchrun_command(2, "tir_rl.cli", [])[:-2] + [str(WORKER), *args]
+
+
+BASE_OVERRIDES = [
+    "model=tiny",
+    "run.steps=2",
+    "run.eval_tasks=2",
+    "run.checkpoint_every=0",
+    "env.id=tests/FakeParityRewardFsdp-v0",
+    "rollout.max_turns=2",
+    "rollout.max_tokens_per_turn=24",
+    "engine.kv_cache_gib=0.25",
+    "trainer.lr=1e-3",
+    "rollout.seed=1",  # seeded sampling (short prompts: safe on vLLM-CPU), for the resume test
+]
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("runs")
-    command = tdist.torchrun_command(2, "tir_rl.cli", [])[:-2] + [
-        str(WORKER),
-        "train",
-        "--config", str(ROOT / "configs" / "fsdp2_cpu.yaml"),
-        "--set", "model=tiny",
-        "--set", f"run.out_dir={out}",
-        "--set", "run.steps=2",
-        "--set", "run.eval_tasks=2",
-        "--set", "run.checkpoint_every=0",
-        "--set", "env.id=tests/FakeParityRewardFsdp-v0",
-        "--set", "rollout.max_turns=2",
-        "--set", "rollout.max_tokens_per_turn=24",
-        "--set", "engine.kv_cache_gib=0.25",
-        "--set", "trainer.lr=1e-3",
-    ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=540)
+    done = subprocess.run(_train_command(out), env=env, capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
     return out / "fsdp2_cpu"
 
@@ -82,3 +99,153 @@ def test_two_ranks_take_the_first_step_one_rank_takes(run_dir):
     assert abs(result.loss - first["train/loss"]) < 1e-4
     assert abs(result.grad_norm - first["train/grad_norm"]) < 1e-4 * max(1.0, result.grad_norm)
     assert result.metrics["train/num_loss_tokens"] == first["train/num_loss_tokens"]
+
+
+# ---------------------------------------------------------------- failures on two ranks
+
+
+@dataclass
+class RankOutcome:
+    """What one rank left in the rank folder (see fsdp2_train_worker.py)."""
+
+    pid: int
+    exit_code: int | None
+    """None: the rank never returned (killed)."""
+    log: str
+
+
+def _start(out: Path, *extra: str, resume: Path | None = None, **env: str) -> subprocess.Popen:
+    ranks = out / "ranks"
+    ranks.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        _train_command(out, *extra, resume=resume),
+        env={**os.environ, "OMP_NUM_THREADS": "1", "TIR_TEST_RANK_DIR": str(ranks), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's Ctrl-C reaches it
+    )
+
+
+def _finish(proc: subprocess.Popen, out: Path, *, timeout_s: float = 540) -> list[RankOutcome]:
+    try:
+        proc.communicate(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    outcomes = []
+    for rank in range(2):
+        base = out / "ranks" / f"rank{rank}"
+        exit_file = base.with_suffix(".exit")
+        outcomes.append(
+            RankOutcome(
+                pid=int(base.with_suffix(".pid").read_text()),
+                exit_code=int(exit_file.read_text()) if exit_file.exists() else None,
+                log=base.with_suffix(".log").read_text(),
+            )
+        )
+        exit_file.unlink(missing_ok=True)  # a resumed run in `out` writes its own
+    return outcomes
+
+
+def _logs(outcomes: list[RankOutcome]) -> str:
+    return "\n".join(f"--- rank {r}:\n{o.log[-4000:]}" for r, o in enumerate(outcomes))
+
+
+def _assert_no_engine_left(outcomes: list[RankOutcome]) -> None:
+    deadline = time.monotonic() + 10
+    while (left := engine_processes_of(outcomes[0].pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, left
+
+
+def engine_processes_of(owner_pid: int) -> list:
+    from tir_rl.engine.reaping import engine_processes
+
+    return [p for p in engine_processes() if p.owner_pid == owner_pid and p.is_running()]
+
+
+def _train_rows(run_dir: Path) -> list[dict]:
+    return [r for r in read_metrics(run_dir / "metrics.jsonl") if "train/grad_norm" in r]
+
+
+def test_a_guard_stop_stops_every_rank_together(tmp_path):
+    proc = _start(
+        tmp_path, "guard.action=stop", "guard.absolute={train/grad_norm: 1.0e-12}"
+    )  # any update fires it at step 1
+    outcomes = _finish(proc, tmp_path)
+    logs = _logs(outcomes)
+    assert [o.exit_code for o in outcomes] == [0, 0], logs
+    for outcome in outcomes:
+        assert "collapse guard asked to stop at step 0" in outcome.log, logs
+    run_dir = tmp_path / "fsdp2_cpu"
+    rows = _train_rows(run_dir)
+    assert [r["step"] for r in rows] == [1], logs
+    assert rows[0]["train/skipped"] == 1.0 and rows[0]["guard/alerts"] >= 1
+    assert latest_checkpoint(run_dir).name == "step_1"
+    assert "(stopped by the collapse guard)" in outcomes[0].log
+    _assert_no_engine_left(outcomes)
+
+
+def test_a_parity_error_stops_every_rank_with_its_message(tmp_path):
+    proc = _start(tmp_path, TIR_TEST_PARITY_FAILS_AT_SYNC="1")  # the sync after step 1
+    outcomes = _finish(proc, tmp_path)
+    logs = _logs(outcomes)
+    assert proc.returncode != 0
+    for outcome in outcomes:
+        # Printed once the rank is through the run's teardown (rank 0's engine closed).
+        errors = [x for x in outcome.log.splitlines() if x.startswith("tir-rl train: error:")]
+        assert len(errors) == 1 and INJECTED_PARITY_MESSAGE in errors[0], logs
+    # The first rank to exit returns 2; torchrun then ends the other at once, which may
+    # catch it between printing and returning (SIGTERM: 143).
+    assert 2 in [o.exit_code for o in outcomes], logs
+    assert {o.exit_code for o in outcomes} <= {2, 143}, logs
+    # Step 1's update was applied before the sync failed: the checkpoint holds it as done.
+    ckpt = latest_checkpoint(tmp_path / "fsdp2_cpu")
+    assert ckpt is not None and ckpt.name == "step_1", logs
+    _assert_no_engine_left(outcomes)
+
+
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory) -> tuple[Path, list[RankOutcome]]:
+    """The run of `run_dir`, Ctrl-C'd (SIGINT to its process group) once step 1 is logged."""
+    out = tmp_path_factory.mktemp("interrupted")
+    proc = _start(out)
+    metrics = out / "fsdp2_cpu" / "metrics.jsonl"
+    deadline = time.monotonic() + 480
+    while proc.poll() is None and time.monotonic() < deadline:
+        if metrics.exists() and _train_rows(metrics.parent):
+            os.killpg(proc.pid, signal.SIGINT)
+            break
+        time.sleep(0.2)
+    return out, _finish(proc, out, timeout_s=120)
+
+
+def test_ctrl_c_checkpoints_and_every_rank_exits_cleanly(interrupted):
+    out, outcomes = interrupted
+    logs = _logs(outcomes)
+    # Each rank returned 0 (None: torchrun had to kill it after its 30 s grace).
+    assert [o.exit_code for o in outcomes] == [0, 0], logs
+    for outcome in outcomes:
+        assert "interrupted: saving a checkpoint at step 1" in outcome.log, logs
+    ckpt = latest_checkpoint(out / "fsdp2_cpu")
+    assert ckpt is not None and ckpt.name == "step_1", logs
+    assert (ckpt / "trainer_state.json").exists()
+    _assert_no_engine_left(outcomes)
+
+
+def test_resume_reproduces_the_next_step_of_an_uninterrupted_run(run_dir, interrupted):
+    out, _ = interrupted
+    resumed_dir = out / "fsdp2_cpu"
+    outcomes = _finish(_start(out, resume=resumed_dir), out)
+    logs = _logs(outcomes)
+    assert [o.exit_code for o in outcomes] == [0, 0], logs
+    assert [r["step"] for r in _train_rows(resumed_dir)] == [1, 2]
+    resumed = torch.load(resumed_dir / "trajectories_step2.pt", weights_only=False)
+    straight = torch.load(run_dir / "trajectories_step2.pt", weights_only=False)
+    assert [t.completion_ids for t in resumed] == [t.completion_ids for t in straight]
+    want, got = _train_rows(run_dir)[1], _train_rows(resumed_dir)[1]
+    for key in ("train/loss", "train/grad_norm", "train/num_loss_tokens", "mismatch/k3_kl"):
+        assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+    _assert_no_engine_left(outcomes)
