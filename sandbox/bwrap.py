@@ -79,6 +79,9 @@ class BwrapBackend:
         """Modules imported when a sandbox starts."""
         start_timeout_s: float = 60.0
         """How long a new sandbox may take to answer its first ping."""
+        busy_retry_s: float = 10.0
+        """How long to keep retrying a start the kernel refuses for now (EAGAIN: without
+        cgroups, RLIMIT_NPROC counts every process of `uid`, e.g. a fork bomb still dying)."""
         default_timeout_s: float = 10.0
         """Soft per-call deadline when the caller gives none."""
         hard_grace_s: float = 2.0
@@ -131,7 +134,26 @@ class BwrapBackend:
         ]
 
     def start_worker(self) -> PipeWorker:
-        """Start one sandbox and wait for its REPL to answer."""
+        """Start one sandbox and wait for its REPL to answer; retry while the kernel is busy."""
+        deadline = time.monotonic() + self.config.busy_retry_s
+        delay = 0.1
+        while True:
+            try:
+                return self._start_worker_once()
+            except _KernelBusy as busy:
+                if time.monotonic() + delay > deadline:
+                    raise SandboxError(
+                        f"the bubblewrap sandbox did not start: {busy}. Without cgroups the "
+                        f"process limit is RLIMIT_NPROC ({self.config.pids_limit * 8}), which "
+                        f"counts every process of uid {self.config.uid} on this machine: end "
+                        "that uid's other processes, raise pids_limit, or run as root with "
+                        "cgroups on"
+                    ) from None
+                logger.debug("sandbox start refused for now (%s); retrying", busy)
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    def _start_worker_once(self) -> PipeWorker:
         cfg = self.config
         use_cgroups = self.isolated and cfg.cgroups
         cgroup = Cgroup.create(cfg.memory_mb, cfg.pids_limit) if use_cgroups else None
@@ -160,6 +182,10 @@ class BwrapBackend:
                 stderr=subprocess.PIPE, preexec_fn=preexec, start_new_session=True,
                 env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"} if self.isolated else None,
             )
+        except BlockingIOError as exc:  # EAGAIN in fork or setuid: too many processes now
+            if cgroup is not None:
+                cgroup.remove()
+            raise _KernelBusy(str(exc)) from None
         except BaseException:
             if cgroup is not None:
                 cgroup.remove()
@@ -170,13 +196,23 @@ class BwrapBackend:
             pong = worker.request({"op": "ping"}, timeout_s=cfg.start_timeout_s)
         except (WorkerDied, WorkerTimeout) as exc:
             worker.kill()
-            raise SandboxError(f"the bubblewrap sandbox did not start: {worker.diagnostics()} "
+            diagnostics = worker.diagnostics()
+            if _EAGAIN_TEXT in diagnostics:
+                raise _KernelBusy(diagnostics) from None
+            raise SandboxError(f"the bubblewrap sandbox did not start: {diagnostics} "
                                f"({exc!r}); if this persists, run `tir-rl sandbox build`"
                                ) from None
         if pong.get("pong") != PROTOCOL_VERSION:
             worker.kill()
             raise SandboxError("the sandbox REPL speaks another protocol version")
         return worker
+
+
+_EAGAIN_TEXT = "Resource temporarily unavailable"
+
+
+class _KernelBusy(Exception):
+    """A sandbox start the kernel refused with EAGAIN (worth retrying shortly)."""
 
 
 class PipeWorker:

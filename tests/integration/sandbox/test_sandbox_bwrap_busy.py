@@ -1,0 +1,68 @@
+"""Without cgroups, RLIMIT_NPROC counts every process of the sandbox uid: a start refused
+with EAGAIN (e.g. while an earlier fork bomb is still dying) is retried, then explained."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+
+import pytest
+
+from tir_rl.errors import SandboxError
+from tir_rl.sandbox.bwrap import BwrapBackend
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="starts processes as the sandbox uid"),
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
+]
+
+UID = 1000
+PIDS_LIMIT = 1  # RLIMIT_NPROC = 8 processes of UID
+
+
+def _processes_of_uid(count: int, seconds: float) -> list[subprocess.Popen]:
+    def become_uid() -> None:
+        os.setgid(UID)
+        os.setuid(UID)
+
+    processes = [
+        subprocess.Popen(["sleep", str(seconds)], preexec_fn=become_uid) for _ in range(count)
+    ]
+    for process in processes:  # reaped as they end: a zombie still counts against the limit
+        threading.Thread(target=process.wait, daemon=True).start()
+    return processes
+
+
+def _backend(busy_retry_s: float) -> BwrapBackend:
+    config = BwrapBackend.Config(
+        pool_size=1, cgroups=False, pids_limit=PIDS_LIMIT, uid=UID, busy_retry_s=busy_retry_s
+    )
+    return BwrapBackend(config=config)
+
+
+def test_a_start_refused_while_the_uid_is_busy_succeeds_once_it_is_not(sandbox_image):
+    others = _processes_of_uid(10, seconds=1.5)
+    try:
+        worker = _backend(busy_retry_s=20.0).start_worker()
+        try:
+            assert worker.request({"op": "ping"}, timeout_s=30.0)["pong"]
+        finally:
+            worker.kill()
+        assert all(p.poll() is not None for p in others), "started before the uid was free"
+    finally:
+        for p in others:
+            p.kill()
+            p.wait()
+
+
+def test_a_uid_that_stays_busy_gets_an_error_that_names_the_limit(sandbox_image):
+    others = _processes_of_uid(10, seconds=60)
+    try:
+        with pytest.raises(SandboxError, match=f"RLIMIT_NPROC .*uid {UID}"):
+            _backend(busy_retry_s=1.0).start_worker()
+    finally:
+        for p in others:
+            p.kill()
+            p.wait()
