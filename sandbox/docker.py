@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
 import struct
 import threading
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tir_rl.errors import SandboxError, SetupError
+from tir_rl.process_owner import owner_alive, owner_id
 from tir_rl.sandbox.image import repl_source
 from tir_rl.sandbox.pool import CellLimits, WarmPool
 from tir_rl.sandbox.protocol import (
@@ -318,22 +318,6 @@ def connect(docker_host: str | None = None, *, max_pool_size: int = 64) -> Any:
     return client
 
 
-def owner_id(pid: int | None = None) -> str:
-    """``<boot id>:<pid>:<start time>`` identifying a live process across pid reuse."""
-    pid = os.getpid() if pid is None else pid
-    return f"{_boot_id()}:{pid}:{_start_time(pid)}"
-
-
-def owner_alive(owner: str) -> bool:
-    """Whether the process named by `owner_id` still runs on this machine."""
-    try:
-        boot, pid_text, start = owner.split(":")
-        pid = int(pid_text)
-    except ValueError:
-        return False
-    return boot == _boot_id() and _start_time(pid) == start
-
-
 def clean_containers(api: Any, *, own_run_id: str | None, everything: bool) -> int:
     """Remove sandbox containers of other runs whose owner died (or all, with `everything`)."""
     removed = 0
@@ -350,19 +334,3 @@ def clean_containers(api: Any, *, own_run_id: str | None, everything: bool) -> i
     if removed:
         logger.info("removed %d leftover sandbox container(s)", removed)
     return removed
-
-
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip().replace(":", "")
-    except OSError:
-        return "unknown"
-
-
-def _start_time(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return "dead"

@@ -36,6 +36,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tir_rl.process_owner import owner_alive, owner_id, process_state, start_time
+
 logger = logging.getLogger(__name__)
 
 OWNER_ENV = "TIR_RL_ENGINE_OWNER"
@@ -43,48 +45,6 @@ OWNER_ENV = "TIR_RL_ENGINE_OWNER"
 
 _PROC = Path("/proc")
 _WATCH_INTERVAL_S = 0.2
-
-
-def _boot_id() -> str:
-    try:
-        return (_PROC / "sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return "unknown-boot"
-
-
-def _start_time(pid: int) -> str | None:
-    """Start time of `pid` in clock ticks since boot (field 22 of /proc/<pid>/stat)."""
-    try:
-        stat = (_PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    # the command name (field 2) may hold spaces and parentheses: split after its last ')'
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
-def owner_id(pid: int | None = None) -> str:
-    """``<boot id>:<pid>:<start time>``: one process, told apart from a later one with its pid."""
-    pid = os.getpid() if pid is None else pid
-    return f"{_boot_id()}:{pid}:{_start_time(pid)}"
-
-
-def owner_alive(owner: str) -> bool:
-    """Whether the process named by `owner_id` still runs (a zombie counts as dead)."""
-    try:
-        boot, pid_text, start = owner.split(":")
-        pid = int(pid_text)
-    except ValueError:
-        return False
-    if boot != _boot_id() or _start_time(pid) != start:
-        return False
-    return _state(pid) not in ("Z", "X", None)
-
-
-def _state(pid: int) -> str | None:
-    try:
-        return (_PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
 
 
 @dataclass(frozen=True)
@@ -106,7 +66,7 @@ class EngineProcess:
 
     def is_running(self) -> bool:
         """Whether this very process (not a later one with its pid) still runs."""
-        return _start_time(self.pid) == self.start_time and _state(self.pid) not in ("Z", "X")
+        return start_time(self.pid) == self.start_time and process_state(self.pid) not in ("Z", "X")
 
 
 def engine_processes(*, owner: str | None = None) -> list[EngineProcess]:
@@ -122,7 +82,7 @@ def engine_processes(*, owner: str | None = None) -> list[EngineProcess]:
         except OSError:  # gone meanwhile, or another user's process
             continue
         marks = [v for v in environ.split(b"\0") if v.startswith(prefix)]
-        start = _start_time(int(entry.name))
+        start = start_time(int(entry.name))
         if not marks or start is None:
             continue
         mark = marks[0][len(prefix) :].decode(errors="replace")
