@@ -3,7 +3,9 @@
 An episode is a conversation. ``reset`` returns the task's opening messages (system prompt
 and question) and an info dict carrying the task and its tools (typed view:
 ``ResetInfo.from_info(info)``). ``step`` takes one assistant message whose tool calls the chat
-module has already parsed; its info dict is viewed by ``StepInfo.from_info``:
+module has already parsed (`Message.blocks`: the calls, and the error answering each block it
+could not parse, in the order written; an env never reads tool-call syntax itself); its info
+dict is viewed by ``StepInfo.from_info``:
 
 * if it calls tools, the env runs them through its `ToolRegistry` (code tools in the
   episode's sandbox) and returns one tool message per call; a model mistake (unknown tool,
@@ -151,11 +153,11 @@ class ToolEnv(gymnasium.Env[list[Message], Message]):
     def on_reset(self, task: Task) -> None:
         """Hook run when an episode starts (e.g. to load the task's state)."""
 
-    def demonstration(self, task: Task) -> list[str]:
-        """Assistant texts of a correct episode for `task` (an oracle, for SFT warm starts).
+    def demonstration(self, task: Task) -> list[Message]:
+        """Assistant turns of a correct episode for `task` (an oracle, for SFT warm starts).
 
-        One string per assistant turn, in the exact text a model would write (tool calls as
-        Hermes ``<tool_call>`` blocks, the last turn with the ``<answer>`` tag). Played
+        One assistant `Message` per turn: tool calls as `tool_calls` (the chat format writes
+        them as the model would), the last turn's content with the ``<answer>`` tag. Played
         through ``step`` they must earn the full reward. See `tir_rl.sft`.
 
         Raises:
@@ -205,7 +207,7 @@ class ToolEnv(gymnasium.Env[list[Message], Message]):
                 raise TypeError(f"step() takes an assistant Message, got {action!r}")
             self._turn += 1
             truncated = self.config.max_turns is not None and self._turn >= self.config.max_turns
-            calls = _calls_of(action)
+            calls = action.blocks
             if calls:
                 with self._bind_sandbox():
                     results = tuple(self._run_call(call) for call in calls)
@@ -274,19 +276,6 @@ class ToolEnv(gymnasium.Env[list[Message], Message]):
         if self._sandbox is not None:
             sandbox, self._sandbox = self._sandbox, None
             sandbox.close()
-
-
-def _calls_of(message: Message) -> list[ToolCall | ToolResult]:
-    """The turn's tool calls, plus an error result for each block that did not parse."""
-    calls: list[ToolCall | ToolResult] = list(message.tool_calls)
-    if "<tool_call>" not in message.content:
-        return calls
-    from tir_rl.chat import parse_assistant_text  # lazy: tokenizer-free part of the chat module
-
-    parsed = parse_assistant_text(message.content)
-    if parsed.tool_calls == message.tool_calls:
-        return [c if isinstance(c, ToolCall) else c.to_tool_result() for c in parsed.items]
-    return calls + [error.to_tool_result() for error in parsed.errors]
 
 
 def _with_overrides(config: Any, overrides: dict[str, Any]) -> Any:

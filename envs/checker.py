@@ -26,10 +26,12 @@ from gymnasium.utils.env_checker import check_env as gymnasium_check_env
 
 from tir_rl.envs.episode import ResetInfo, Split, StepInfo
 from tir_rl.errors import EnvironmentSpecError
-from tir_rl.types import Message, Role, ToolCall
+from tir_rl.types import Message, Role, ToolCall, ToolErrorKind, ToolResult
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _NO_SUCH_TOOL = "check_env_no_such_tool"
+_MALFORMED_BLOCK_REPLY = "check_env: this tool-call block is not valid JSON"
+"""What the chat format would answer for the malformed-call probe (the env must pass it on)."""
 
 
 def check_env(env: gymnasium.Env, *, seed: int = 0) -> None:
@@ -65,7 +67,10 @@ def check_env(env: gymnasium.Env, *, seed: int = 0) -> None:
     probes = {
         "a final answer": Message.assistant("<answer>check_env</answer>"),
         "a call of an unknown tool": Message.assistant("", [ToolCall(_NO_SUCH_TOOL, {})]),
-        "a malformed tool call": Message.assistant("<tool_call>{not json</tool_call>"),
+        "a malformed tool call": Message.assistant(
+            "<tool_call>{not json</tool_call>",
+            call_blocks=[ToolResult("", _MALFORMED_BLOCK_REPLY, ToolErrorKind.MALFORMED_CALL)],
+        ),
     }
     schemas = info.tool_schemas
     if schemas:
@@ -76,7 +81,7 @@ def check_env(env: gymnasium.Env, *, seed: int = 0) -> None:
     for what, action in probes.items():
         _reset(env, name, seed)
         result = _step(env, name, action, what)
-        if action.tool_calls or "<tool_call>" in action.content:
+        if action.blocks:
             replies = result[0]
             if not any(m.role == Role.TOOL for m in replies):
                 raise EnvironmentSpecError(

@@ -18,16 +18,15 @@ halves of the name pools, so no entity (hence no question) appears in both.
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tir_rl.chat_parse import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from tir_rl.envs.answers import ANSWER_INSTRUCTIONS, normalize_name
 from tir_rl.envs.base import Task, ToolEnv
 from tir_rl.envs.knowledge_base import KnowledgeBase, generate_kb, random_chain
 from tir_rl.errors import ConfigError
+from tir_rl.types import Message, ToolCall
 
 if TYPE_CHECKING:
     from tir_rl.tools import ToolRegistry
@@ -167,14 +166,14 @@ class MultiHopEnv(ToolEnv):
         """The system prompt."""
         return SYSTEM_PROMPT
 
-    def demonstration(self, task: Task) -> list[str]:
+    def demonstration(self, task: Task) -> list[Message]:
         """The oracle's turns: one ``lookup`` call per hop, then the answer tag."""
         path, relations = task.data["path"], task.data["relations"]
         turns = [
-            _tool_call_text("lookup", {"entity": entity, "relation": relation})
+            Message.assistant("", [ToolCall("lookup", {"entity": entity, "relation": relation})])
             for entity, relation in zip(path[:-1], relations, strict=True)
         ]
-        return [*turns, f"<answer>{task.answer}</answer>"]
+        return [*turns, Message.assistant(f"<answer>{task.answer}</answer>")]
 
     def score(self, task: Task, answer: str) -> float:
         """1.0 when `answer` names the chain's last entity."""
@@ -193,9 +192,3 @@ class MultiHopEnv(ToolEnv):
         if not self.config.progress_reward:
             return 0.0
         return self.config.progress_reward * self.progress(task) / len(task.data["relations"])
-
-
-def _tool_call_text(name: str, arguments: dict[str, str]) -> str:
-    """One Hermes tool-call block, as `ChatFormat.assistant_text` writes a call."""
-    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
-    return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"

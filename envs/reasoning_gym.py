@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from tir_rl.envs.answers import ANSWER_INSTRUCTIONS
 from tir_rl.envs.base import Split, Task, ToolEnv
 from tir_rl.errors import ConfigError, SetupError
+from tir_rl.types import Message
 
 if TYPE_CHECKING:
     from tir_rl.tools import ToolRegistry
@@ -172,7 +173,7 @@ class ReasoningGymEnv(ToolEnv):
         """The system prompt."""
         return (_PYTHON_PROMPT if self.config.use_python else _PLAIN_PROMPT) + ANSWER_INSTRUCTIONS
 
-    def demonstration(self, task: Task) -> list[str]:
+    def demonstration(self, task: Task) -> list[Message]:
         """The dataset's reference answer as a one-turn episode (no tool call needed).
 
         Raises:
@@ -184,7 +185,7 @@ class ReasoningGymEnv(ToolEnv):
                 f"reasoning-gym task {self.config.task!r} has no reference answer that its "
                 "scorer accepts (any valid solution counts), so there is no demonstration"
             )
-        return [f"<answer>{task.answer}</answer>"]
+        return [Message.assistant(f"<answer>{task.answer}</answer>")]
 
     def score(self, task: Task, answer: str) -> float:
         """The dataset's own score of `answer`, clipped to [0, 1] (0 when the scorer raises).

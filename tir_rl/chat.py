@@ -23,6 +23,7 @@ from tir_rl.chat_parse import (
     ParsedTurn,
     ParseErrorKind,
     ToolCallParseError,
+    assistant_message,
     parse_assistant_text,
     tool_result_message,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "RenderDiff",
     "ToolCallParseError",
     "compare_incremental_with_full",
+    "assistant_message",
     "parse_assistant_text",
     "tool_result_message",
 ]

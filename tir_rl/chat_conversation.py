@@ -14,14 +14,50 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from tir_rl.chat_parse import parse_assistant_text
+from tir_rl.chat_parse import assistant_message
 from tir_rl.errors import ChatFormatError
 from tir_rl.types import Message, Role, Trajectory
 
-if TYPE_CHECKING:
-    from tir_rl.chat import ChatFormat
+
+class ConversationFormat(Protocol):
+    """What a `Conversation` needs from its chat format (`tir_rl.chat.ChatFormat` is one)."""
+
+    @property
+    def end_of_turn_id(self) -> int:
+        """The token that closes a turn."""
+        ...
+
+    def render_prompt(self, messages: Sequence[Message]) -> list[int]:
+        """Token ids of `messages` plus the header of the assistant turn to sample."""
+        ...
+
+    def render_env_turns(self, messages: Sequence[Message], *, close_turn: bool) -> list[int]:
+        """Token ids appended after an assistant turn: the env's messages, the next header."""
+        ...
+
+    def render_messages(
+        self,
+        messages: Sequence[Message],
+        *,
+        add_generation_prompt: bool = False,
+        continue_final_message: bool = False,
+    ) -> list[int]:
+        """Token ids of a whole conversation rendered at once."""
+        ...
+
+    def assistant_text(self, message: Message) -> str:
+        """The text of an assistant turn as the model sees it."""
+        ...
+
+    def encode_assistant_text(self, text: str) -> list[int]:
+        """Token ids of assistant text."""
+        ...
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of token ids."""
+        ...
 
 
 class Conversation:
@@ -44,7 +80,7 @@ class Conversation:
         trajectory = conv.to_trajectory(reward=reward)
     """
 
-    def __init__(self, chat_format: ChatFormat, messages: Sequence[Message]) -> None:
+    def __init__(self, chat_format: ConversationFormat, messages: Sequence[Message]) -> None:
         self.chat_format = chat_format
         self.prompt_messages: tuple[Message, ...] = tuple(messages)
         self.prompt_ids: list[int] = chat_format.render_prompt(messages)
@@ -173,7 +209,7 @@ class Conversation:
         if ids and ids[-1] == self.chat_format.end_of_turn_id:
             ids = ids[:-1]
         text = self.chat_format.decode(ids)
-        return Message.assistant(text, parse_assistant_text(text).tool_calls)
+        return assistant_message(text)
 
 
 @dataclass(frozen=True)
@@ -216,7 +252,7 @@ class RenderDiff:
 def compare_incremental_with_full(
     source: Conversation | Sequence[Message],
     *,
-    chat_format: ChatFormat | None = None,
+    chat_format: ConversationFormat | None = None,
     num_prompt_messages: int | None = None,
     window: int = 8,
 ) -> RenderDiff:
@@ -263,7 +299,9 @@ def compare_incremental_with_full(
     )
 
 
-def _replay(fmt: ChatFormat, messages: list[Message], num_prompt: int | None) -> Conversation:
+def _replay(
+    fmt: ConversationFormat, messages: list[Message], num_prompt: int | None
+) -> Conversation:
     if num_prompt is None:
         roles = [m.role for m in messages]
         num_prompt = roles.index(Role.ASSISTANT) if Role.ASSISTANT in roles else len(messages)

@@ -114,6 +114,20 @@ def tool_result_message(result: ToolResult) -> Message:
     return Message.tool(result.content, name=result.name or None)
 
 
+def assistant_message(text: str) -> Message:
+    """The assistant message for model text: its calls and, in order, its malformed blocks.
+
+    This is how an environment sees a sampled turn; build `env.step` actions with it when
+    they come from text.
+    """
+    parsed = parse_assistant_text(text)
+    blocks = tuple(
+        item.to_tool_result() if isinstance(item, ToolCallParseError) else item
+        for item in parsed.items
+    )
+    return Message.assistant(text, parsed.tool_calls, call_blocks=blocks if parsed.errors else ())
+
+
 def parse_assistant_text(text: str) -> ParsedTurn:
     """Split assistant text into prose, tool calls and parse errors; never raises.
 

@@ -36,6 +36,20 @@ if TYPE_CHECKING:
 
 MODEL_DIR = "model"
 _STATE_FILE = "trainer_state.json"
+CHECKPOINTS = "checkpoints"
+"""A run folder's subfolder holding one `step_N` checkpoint per save."""
+
+
+def step_folder(run_dir: Path, step: int) -> Path:
+    """Where a run saves its checkpoint after `step` steps."""
+    return Path(run_dir) / CHECKPOINTS / f"step_{step}"
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete `checkpoints/step_N` folder of a run, if any."""
+    folder = Path(run_dir) / CHECKPOINTS
+    found = [p for p in folder.glob("step_*") if (p / _STATE_FILE).is_file()]
+    return max(found, key=lambda p: int(p.name.split("_")[1]), default=None)
 
 
 @dataclass

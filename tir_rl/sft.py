@@ -3,7 +3,7 @@
 A policy that never calls a tool gets reward 0 on every sample, so GRPO has no signal. This
 step fine-tunes it on demonstrations first::
 
-    env.reset ──► env.demonstration(task) ──► each assistant text "sampled" into a
+    env.reset ──► env.demonstration(task) ──► each assistant turn's text "sampled" into a
         Conversation (the tokenizer's own ids + <|im_end|>, mask 1) ──► env.step(message)
         ──► the env's own tool messages appended (mask 0) ──► ... ──► reward must be full
     demos ──► cross-entropy on mask-1 tokens (AdamW, fp32) ──► HF checkpoint (model + tokenizer)
@@ -203,15 +203,15 @@ def play_demonstration(env: Any, tokenizer: Any, *, seed: int) -> Demonstration:
     info = ResetInfo.from_info(reset_info)
     fmt = ChatFormat(tokenizer, tool_schemas=info.tool_schemas)
     conv = fmt.conversation(messages)
-    texts = env.demonstration(info.task)
+    turns = env.demonstration(info.task)
     reward, terminated = 0.0, False
-    for k, text in enumerate(texts):
-        ids = fmt.encode_assistant_text(text) + [fmt.end_of_turn_id]
+    for k, turn in enumerate(turns):
+        ids = fmt.encode_assistant_text(fmt.assistant_text(turn)) + [fmt.end_of_turn_id]
         conv.append_sampled(ids, [0.0] * len(ids))
         replies, step_reward, terminated, truncated, _ = env.step(conv.messages[-1])
         reward += float(step_reward)
         if terminated or truncated:
-            if k != len(texts) - 1:
+            if k != len(turns) - 1:
                 raise TirError(f"{info.task_id}: the episode ended after oracle turn {k + 1}")
             break
         conv.append_messages(replies)

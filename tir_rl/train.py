@@ -45,6 +45,7 @@ import torch
 
 from tir_rl import checkpoint
 from tir_rl import distributed as tdist
+from tir_rl.checkpoint import latest_checkpoint, step_folder
 from tir_rl.config import dump, load
 from tir_rl.errors import ConfigError, ParityError, TirError
 from tir_rl.mismatch_injection import MismatchInjection
@@ -56,7 +57,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINTS = "checkpoints"
 _SEED_STRIDE = 1_000_003
 _MAX_FAILED_STEPS = 3
 _COLLECTIVE_TIMEOUT_S = 6 * 3600.0
@@ -87,13 +87,6 @@ class TrainSummary:
         torchrun a non-zero status is a failed rank, whose peers it ends at once.
         """
         return 130 if self.interrupted and self.world_size == 1 else 0
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest `checkpoints/step_N` folder of a run, if any."""
-    folder = Path(run_dir) / CHECKPOINTS
-    found = [p for p in folder.glob("step_*") if (p / "trainer_state.json").is_file()]
-    return max(found, key=lambda p: int(p.name.split("_")[1]), default=None)
 
 
 def load_resume_config(run_dir: Path, overrides: list[str]) -> RunConfig:
@@ -647,7 +640,7 @@ class _TrainLoop:
         return report
 
     def _checkpoint(self, step: int) -> None:
-        path = self.run_dir / CHECKPOINTS / f"step_{step}"
+        path = step_folder(self.run_dir, step)
         if path in self.summary.checkpoints:
             return
         checkpoint.save(

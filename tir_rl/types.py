@@ -38,6 +38,16 @@ class Message:
     """Tool calls parsed from an assistant message (empty for other roles)."""
     name: str | None = None
     """For tool messages: the tool that produced this result."""
+    call_blocks: tuple[ToolCall | ToolResult, ...] = ()
+    """Every tool-call block of an assistant turn in the order written, as the chat format
+    read it: the parsed `ToolCall`, or, for a block it could not parse, the
+    `ToolErrorKind.MALFORMED_CALL` result that answers it. Empty: `tool_calls` are the
+    blocks (a message built from calls, not from model text)."""
+
+    @property
+    def blocks(self) -> tuple[ToolCall | ToolResult, ...]:
+        """What an environment answers, in order: `call_blocks`, or else `tool_calls`."""
+        return self.call_blocks or self.tool_calls
 
     @classmethod
     def system(cls, content: str) -> Message:
@@ -50,9 +60,15 @@ class Message:
         return cls(Role.USER, content)
 
     @classmethod
-    def assistant(cls, content: str, tool_calls: Sequence[ToolCall] = ()) -> Message:
-        """Build an assistant message."""
-        return cls(Role.ASSISTANT, content, tuple(tool_calls))
+    def assistant(
+        cls,
+        content: str,
+        tool_calls: Sequence[ToolCall] = (),
+        *,
+        call_blocks: Sequence[ToolCall | ToolResult] = (),
+    ) -> Message:
+        """Build an assistant message (`tir_rl.chat.assistant_message` parses model text)."""
+        return cls(Role.ASSISTANT, content, tuple(tool_calls), call_blocks=tuple(call_blocks))
 
     @classmethod
     def tool(cls, content: str, name: str | None = None) -> Message:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tir_rl.chat import parse_assistant_text
+from tir_rl.chat import ChatFormat, assistant_message, parse_assistant_text
 from tir_rl.cli import main
 from tir_rl.engine.base import FinishReason, GenerateRequest, GenerateResult, ModelInfo
 from tir_rl.envs.base import ToolEnv
@@ -31,7 +31,7 @@ from tir_rl.sft import (
     run_sft,
     shared_prefix_length,
 )
-from tir_rl.types import Message, RolloutStatus
+from tir_rl.types import RolloutStatus
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "sft" / "multihop.yaml"
@@ -44,16 +44,17 @@ def tokenizer():
 
 # ----------------------------------------------------------------------------- the oracle
 @pytest.mark.parametrize("horizon", [1, 2, 3, 4, 7])
-def test_multihop_oracle_turns_parse_and_earn_full_reward(horizon):
+def test_multihop_oracle_turns_parse_and_earn_full_reward(tokenizer, horizon):
     env = MultiHopEnv(horizon=horizon, split="train")
     for seed in range(3):
         messages, info = env.reset(seed=seed)
-        texts = env.demonstration(info["task"])
-        assert len(texts) == horizon + 1
-        for k, text in enumerate(texts):
+        turns = env.demonstration(info["task"])
+        assert len(turns) == horizon + 1
+        for k, turn in enumerate(turns):
+            text = ChatFormat(tokenizer).assistant_text(turn)  # what the model is taught to write
             parsed = parse_assistant_text(text)  # what the rollout's chat parser reads
             assert not parsed.errors
-            action = Message.assistant(text, parsed.tool_calls)
+            action = assistant_message(text)
             replies, reward, terminated, truncated, step = env.step(action)
             if k < horizon:
                 assert [c.name for c in parsed.tool_calls] == ["lookup"]
@@ -71,7 +72,7 @@ def test_another_tasks_demonstration_scores_zero():
     answer_a = env.demonstration(info_a["task"])[-1]
     _, info_b = env.reset(seed=2)
     assert info_a["task"].answer != info_b["task"].answer
-    assert env.step(Message.assistant(answer_a))[1] == 0.0
+    assert env.step(answer_a)[1] == 0.0
 
 
 def test_tool_env_has_no_oracle_by_default():
@@ -109,7 +110,8 @@ def test_sft_rendering_equals_what_the_rollout_builds(tokenizer, horizon, seed):
     demo = play_demonstration(MultiHopEnv(horizon=horizon), tokenizer, seed=seed)
     env = MultiHopEnv(horizon=horizon)
     _, info = env.reset(seed=seed)
-    engine = FakeOracleEngine(tokenizer, env.demonstration(info["task"]))
+    texts = [ChatFormat(tokenizer).assistant_text(m) for m in env.demonstration(info["task"])]
+    engine = FakeOracleEngine(tokenizer, texts)
     rollout = Rollout(engine, tokenizer, Rollout.Config(max_turns=horizon + 2))
     spec = EpisodeSpec(env_factory=lambda: MultiHopEnv(horizon=horizon), task_seed=seed)
     (traj,) = rollout.run_batch_sync([spec])

@@ -168,7 +168,7 @@ def test_real_demonstration_earns_full_reward(reasoning_gym):
     env = ReasoningGymEnv(task="basic_arithmetic")
     _, info = env.reset(seed=3)
     (turn,) = env.demonstration(info["task"])
-    _, reward, terminated, _, _ = env.step(Message.assistant(turn))
+    _, reward, terminated, _, _ = env.step(turn)
     assert terminated and reward == 1.0
 
 

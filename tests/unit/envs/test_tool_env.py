@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import pytest
 from gymnasium.error import ResetNeeded
 
+from tir_rl.chat_parse import assistant_message
 from tir_rl.envs.answers import ANSWER_INSTRUCTIONS
 from tir_rl.envs.base import NUDGE, ResetInfo, Split, StepInfo, Task, ToolEnv
 from tir_rl.errors import ConfigError
@@ -175,8 +176,10 @@ def test_mistakes_become_tool_messages_in_order():
         '<tool_call>{"name": "cube", "arguments": {}}</tool_call>\n'
         '<tool_call>{"name": "halve", "arguments": {"x": "two"}}</tool_call>'
     )
+    action = assistant_message(text)  # the chat format's reading, as in a rollout
     calls = [ToolCall("halve", {"x": 0}), ToolCall("cube", {}), ToolCall("halve", {"x": "two"})]
-    replies, reward, terminated, _, info = env.step(Message.assistant(text, calls))
+    assert list(action.tool_calls) == calls
+    replies, reward, terminated, _, info = env.step(action)
     assert not terminated and reward == 0.0
     assert [m.role for m in replies] == [Role.TOOL] * 4
     assert [r.error for r in info["tool_results"]] == [
