@@ -39,6 +39,7 @@ _EPILOG_EVAL = """examples:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from tir_rl.config import load
+    from tir_rl.eval_stats import describe_change
     from tir_rl.run_config import RunConfig
     from tir_rl.train import load_resume_config, run_train
 
@@ -57,17 +58,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
     summary = run_train(config, resume=bool(args.resume))
     if summary.rank != 0:
         return summary.exit_status
-    before, after = summary.accuracy_before, summary.accuracy_after
     print(f"run folder: {summary.run_dir}")
     print(
         f"steps done: {summary.steps_done} in {summary.wall_time_s:.0f} s"
         + (" (interrupted)" if summary.interrupted else "")
         + (" (stopped by the collapse guard)" if summary.stopped_by_guard else "")
     )
-    if before is not None:
-        print(f"held-out pass@1 before: {before:.3f}")
-    if after is not None:
-        print(f"held-out pass@1 after:  {after:.3f}")
+    print(describe_change("held-out pass@1", summary.accuracy_before, summary.accuracy_after))
+    print(f"plots: {summary.run_dir / 'plots'}   metrics: {summary.run_dir / 'metrics.jsonl'}")
     return summary.exit_status
 
 

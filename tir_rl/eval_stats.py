@@ -248,3 +248,18 @@ def format_table(report: EvalReport) -> str:
     for status, count in sorted(nonzero.items(), key=lambda kv: -kv[1]):
         lines.append(f"    {status:<24}{count:>6}")
     return "\n".join(lines)
+
+
+def describe_change(what: str, before: Estimate | None, after: Estimate | None) -> str:
+    """One line: `what` before -> after with intervals, and whether the intervals overlap."""
+    if before is None or after is None:
+        shown = [
+            f"{name} {e}" for name, e in (("before", before), ("after", after)) if e is not None
+        ]
+        return f"{what}: " + (", ".join(shown) if shown else "not measured")
+    apart = after.low > before.high or after.high < before.low
+    pct = int(round(after.confidence * 100))
+    return (
+        f"{what}: {before} -> {after} (change {after.value - before.value:+.3f}; the {pct}% "
+        f"intervals {'do not overlap' if apart else 'overlap'})"
+    )

@@ -54,6 +54,7 @@ from tir_rl.types import Trajectory
 
 if TYPE_CHECKING:
     from tir_rl.batch import TrainBatch
+    from tir_rl.eval_stats import Estimate
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +70,10 @@ class TrainSummary:
 
     run_dir: Path
     steps_done: int
-    accuracy_before: float | None = None
-    accuracy_after: float | None = None
+    accuracy_before: Estimate | None = None
+    """Held-out pass@1 before the first step, with its 95% bootstrap interval over tasks."""
+    accuracy_after: Estimate | None = None
+    """The same after the last step."""
     interrupted: bool = False
     stopped_by_guard: bool = False
     wall_time_s: float = 0.0
@@ -433,7 +436,7 @@ class _TrainLoop:
             part.raise_()
         return None, part
 
-    def _evaluate_shared(self, step: int, when: str) -> float | None:
+    def _evaluate_shared(self, step: int, when: str) -> Estimate | None:
         accuracy, _ = self._share(lambda: (self._evaluate(step, when), [None] * self.world))
         return accuracy
 
@@ -578,7 +581,7 @@ class _TrainLoop:
 
     # ------------------------------------------------------------------ pieces
 
-    def _evaluate(self, step: int, when: str) -> float:
+    def _evaluate(self, step: int, when: str) -> Estimate:
         from tir_rl.eval_stats import build_report
         from tir_rl.runtime import task_specs
 
@@ -595,12 +598,17 @@ class _TrainLoop:
             k=cfg.eval_samples_per_task,
             wall_time_s=time.perf_counter() - t0,
         )
-        accuracy = report.pass_at_1.value
-        row = {"eval/pass_at_1": accuracy, "eval/mean_reward": report.mean_reward}
+        accuracy = report.pass_at_1
+        row = {
+            "eval/pass_at_1": accuracy.value,
+            "eval/pass_at_1_low": accuracy.low,
+            "eval/pass_at_1_high": accuracy.high,
+            "eval/mean_reward": report.mean_reward,
+        }
         row.update(_rollout_metrics(trajectories, prefix="eval"))
         self.metrics.log(step, row)
         (self.run_dir / f"eval_step_{step}.json").write_text(report.to_json() + "\n")
-        print(f"held-out pass@1 {when} training (step {step}): {accuracy:.3f} "
+        print(f"held-out pass@1 {when} training (step {step}): {accuracy} "
               f"({report.num_tasks} tasks × {report.samples_per_task})", flush=True)  # fmt: skip
         return accuracy
 

@@ -4,9 +4,11 @@ import math
 import pytest
 
 from tir_rl.eval_stats import (
+    Estimate,
     EvalReport,
     bootstrap_mean,
     build_report,
+    describe_change,
     format_table,
     num_turns,
     pass_at_k,
@@ -160,3 +162,19 @@ def test_num_turns_falls_back_to_turn_ids_without_messages():
         turn_ids=[0, 0, 1, 2],
     )
     assert num_turns(t) == 3
+
+
+def test_describe_change_says_whether_the_intervals_overlap():
+    before, after = Estimate(0.25, 0.16, 0.36), Estimate(0.55, 0.43, 0.67)
+    line = describe_change("held-out pass@1", before, after)
+    assert line == (
+        "held-out pass@1: 0.250 [0.160, 0.360] -> 0.550 [0.430, 0.670] "
+        "(change +0.300; the 95% intervals do not overlap)"
+    )
+    close = describe_change("held-out pass@1", before, Estimate(0.30, 0.20, 0.41))
+    assert close.endswith("(change +0.050; the 95% intervals overlap)")
+
+
+def test_describe_change_without_one_side():
+    assert describe_change("x", None, None) == "x: not measured"
+    assert describe_change("x", Estimate(0.5, 0.4, 0.6), None) == "x: before 0.500 [0.400, 0.600]"
