@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tir_rl.collapse_guard import CollapseGuard
-from tir_rl.engine.vllm_local import VLLMLocalEngine
+from tir_rl.engine.choice import EngineConfig
 from tir_rl.errors import ConfigError
 from tir_rl.grpo import GRPOLoss
 from tir_rl.mismatch import MismatchCorrection
@@ -98,9 +98,7 @@ class RunConfig:
     """`bundled`, `tiny`, or a local Hugging Face checkpoint; used by engine and trainer."""
     run: RunSection = field(default_factory=RunSection)
     env: EnvSection = field(default_factory=EnvSection)
-    engine: VLLMLocalEngine.Config = field(
-        default_factory=lambda: VLLMLocalEngine.Config(model_path=FOLLOWS_MODEL)
-    )
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(model_path=FOLLOWS_MODEL))
     rollout: Rollout.Config = field(default_factory=Rollout.Config)
     trainer: Trainer.Config = field(default_factory=lambda: Trainer.Config(model=FOLLOWS_MODEL))
     loss: GRPOLoss.Config = field(default_factory=GRPOLoss.Config)

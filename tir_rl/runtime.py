@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tir_rl.engine.base import Engine
 from tir_rl.errors import ConfigError
 from tir_rl.run_config import EnvSection, RunConfig
 from tir_rl.types import Trajectory
@@ -47,7 +48,7 @@ class Runtime:
     config: RunConfig
     model_path: Path
     tokenizer: Any
-    engine: Any
+    engine: Engine
     rollout: Any
 
     def run_episodes(self, specs: Sequence[Any]) -> list[Trajectory]:
@@ -64,18 +65,21 @@ class Runtime:
 
 @contextlib.contextmanager
 def open_runtime(config: RunConfig) -> Iterator[Runtime]:
-    """Start the engine (vLLM) and the agent loop for `config`; closed on exit."""
+    """Start the engine named by `config.engine.kind` and the agent loop; closed on exit.
+
+    A local engine is stopped on exit; an HTTP engine's server keeps running.
+    """
     from transformers import AutoTokenizer
 
     from tir_rl import sandbox
-    from tir_rl.engine.vllm_local import VLLMLocalEngine
+    from tir_rl.engine.choice import build_engine
     from tir_rl.models import resolve_model
     from tir_rl.rollout import Rollout
 
     model_path = resolve_model(config.model)
     sandbox.configure(config.sandbox)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    engine = VLLMLocalEngine(config.engine)
+    engine = build_engine(config.engine, model_path)
     try:
         rollout = Rollout(engine, tokenizer, config.rollout)
         runtime = Runtime(config, model_path, tokenizer, engine, rollout)

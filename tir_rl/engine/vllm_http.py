@@ -59,17 +59,35 @@ _PROBE_PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
 _PROBE_TEMPERATURE = 0.5
 
 
+@dataclass(frozen=True, kw_only=True)
+class ServerAddress:
+    """Where a `vllm serve` server is and how to talk to it."""
+
+    base_url: str = ""
+    """Server root, e.g. `http://127.0.0.1:8000` (no `/v1`)."""
+    served_model_name: str | None = None
+    """The server's `--served-model-name`; None accepts the server's only model."""
+    api_key: str | None = None
+    """Bearer token if the server was started with `--api-key`."""
+    timeout_s: float = 600.0
+    """Longest wait for one response (a long completion under load takes a while)."""
+    connect_timeout_s: float = 10.0
+    """Longest wait to open a connection."""
+    max_retries: int = 4
+    """Retries after a connection error or a 502/503/504 answer (not after 4xx)."""
+    backoff_s: float = 0.5
+    """First retry delay; doubles on every further retry."""
+    max_connections: int = 512
+    """Concurrent HTTP connections (one per request in flight)."""
+
+
 class VLLMHttpEngine:
     """Client of a vLLM OpenAI-compatible server (`vllm serve`)."""
 
     @dataclass(frozen=True, kw_only=True)
-    class Config:
-        """Where the server is and what it must serve."""
+    class Config(ServerAddress):
+        """The server's address and what it must serve."""
 
-        base_url: str
-        """Server root, e.g. `http://127.0.0.1:8000` (no `/v1`)."""
-        model: str | None = None
-        """Served model name; None accepts the server's only model."""
         dtype: str | None = None
         """Expected compute dtype (e.g. `float32`); checked when the server exposes it."""
         logprobs_mode: str = PROCESSED_LOGPROBS
@@ -78,32 +96,22 @@ class VLLMHttpEngine:
         """Accept a server whose logprobs mode is not `processed_logprobs`."""
         allow_truncated_sampling: bool = False
         """Accept top-p / top-k requests (only with a correction configured for them)."""
-        timeout_s: float = 600.0
-        """Longest wait for one response (a long completion under load takes a while)."""
-        connect_timeout_s: float = 10.0
-        """Longest wait to open a connection."""
-        max_retries: int = 4
-        """Retries after a connection error or a 502/503/504 answer (not after 4xx)."""
-        backoff_s: float = 0.5
-        """First retry delay; doubles on every further retry."""
-        max_connections: int = 512
-        """Concurrent HTTP connections (one per request in flight)."""
-        api_key: str | None = None
-        """Bearer token if the server was started with `--api-key`."""
         weights_dir: str | None = None
         """Folder shared with the server (same path on both sides) for `update_weights`."""
 
         def validate(self) -> None:
             """Raise `ConfigError` for unusable values."""
             if not self.base_url.startswith(("http://", "https://")):
-                raise ConfigError(f"engine.base_url must start with http(s)://: {self.base_url}")
+                raise ConfigError(
+                    f"engine.http.base_url must start with http(s)://: {self.base_url}"
+                )
             if self.logprobs_mode != PROCESSED_LOGPROBS and not self.allow_other_logprobs_mode:
                 raise ConfigError(
                     f"engine.logprobs_mode={self.logprobs_mode!r}: use 'processed_logprobs' "
                     "or set allow_other_logprobs_mode=True"
                 )
             if self.max_retries < 0 or self.backoff_s < 0:
-                raise ConfigError("engine.max_retries and engine.backoff_s must be >= 0")
+                raise ConfigError("engine.http.max_retries and engine.http.backoff_s must be >= 0")
 
     def __init__(self, config: Config) -> None:
         config.validate()
@@ -128,13 +136,16 @@ class VLLMHttpEngine:
         c = self.config
         models = (await self._request("GET", "/v1/models")).json()["data"]
         names = [m["id"] for m in models]
-        if c.model is None and len(models) != 1:
-            raise EngineError(f"{c.base_url} serves {names}: set engine.model to one of them")
-        chosen = next((m for m in models if c.model in (None, m["id"])), None)
+        name = c.served_model_name
+        if name is None and len(models) != 1:
+            raise EngineError(
+                f"{c.base_url} serves {names}: set engine.http.served_model_name to one of them"
+            )
+        chosen = next((m for m in models if name in (None, m["id"])), None)
         if chosen is None:
             raise EngineError(
-                f"{c.base_url} serves {names}, not the configured model {c.model!r}: start the "
-                "server with --served-model-name, or fix engine.model"
+                f"{c.base_url} serves {names}, not the configured model {name!r}: start the "
+                "server with --served-model-name, or fix engine.http.served_model_name"
             )
         self._model = chosen["id"]
         server = await self._server_config()
@@ -326,8 +337,8 @@ class VLLMHttpEngine:
                     ) from exc
             except httpx.TimeoutException as exc:
                 raise EngineError(
-                    f"{method} {url}: no answer within {c.timeout_s} s; raise engine.timeout_s "
-                    "or lower the load"
+                    f"{method} {url}: no answer within {c.timeout_s} s; raise "
+                    "engine.http.timeout_s or lower the load"
                 ) from exc
             except httpx.HTTPError as exc:
                 raise EngineError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc

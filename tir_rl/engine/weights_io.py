@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tir_rl.errors import ModelError
+
 if TYPE_CHECKING:
     import torch
 
@@ -52,3 +54,25 @@ def write_state_dict(state_dict: Mapping[str, torch.Tensor], folder: Path) -> Pa
     path = folder / WEIGHTS_FILE
     tmp.replace(path)
     return path
+
+
+def read_checkpoint_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The weights of the Hugging Face checkpoint `folder` (HF names), tied ones included.
+
+    A checkpoint with tied embeddings stores `lm_head.weight` once, as the input embedding;
+    vLLM's in-place reload needs it under its own name, as a trainer state dict has it.
+    """
+    import json
+
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelError(f"{folder} has no *.safetensors weights to load")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    model_config = json.loads((folder / "config.json").read_text())
+    if model_config.get("tie_word_embeddings") and "lm_head.weight" not in state:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    return state

@@ -1,19 +1,13 @@
 """A real `vllm serve` on loopback with a tiny model, reached through VLLMHttpEngine."""
 
 import asyncio
-import os
 import socket
-import subprocess
-import sys
-import time
 
-import httpx
 import pytest
 import torch
 
 from tir_rl.engine import GenerateRequest, VLLMHttpEngine, VLLMLocalEngine
 from tir_rl.engine.parity import probe_parity, transformers_logprobs
-from tir_rl.engine.vllm_http import serve_command
 from tir_rl.errors import ConfigError, EngineError, ParityError
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -28,43 +22,19 @@ def _free_port():
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_path, tmp_path_factory):
-    port = _free_port()
+def server(tiny_model_path, vllm_serve):
     config = VLLMLocalEngine.Config(
         model_path=str(tiny_model_path), max_model_len=256, kv_cache_gib=0.0625, max_num_seqs=32
     )
-    cmd = serve_command(config, port=port, served_model_name="tiny", python=sys.executable)
-    log = (tmp_path_factory.mktemp("server") / "server.log").open("w")
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, f"vllm serve exited; see {log.name}"
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        else:
-            pytest.fail(f"vllm serve did not become healthy; see {log.name}")
+    with vllm_serve(config, served_model_name="tiny") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 @pytest.fixture(scope="module")
 def engine(server, tmp_path_factory):
     config = VLLMHttpEngine.Config(
         base_url=server,
-        model="tiny",
+        served_model_name="tiny",
         dtype="float32",
         weights_dir=str(tmp_path_factory.mktemp("weights")),
     )
@@ -122,7 +92,7 @@ def test_multi_token_stop_sequence_cuts_on_ids(engine):
 
 def test_wrong_model_name_is_a_clear_error(server):
     with pytest.raises(EngineError, match="not the configured model"):
-        VLLMHttpEngine(VLLMHttpEngine.Config(base_url=server, model="other"))
+        VLLMHttpEngine(VLLMHttpEngine.Config(base_url=server, served_model_name="other"))
 
 
 def test_unreachable_server_is_retried_then_reported():

@@ -37,7 +37,10 @@ if FAKE_ENV_ID not in gymnasium.registry:
     gymnasium.register(id=FAKE_ENV_ID, entry_point=FakeParityRewardEnv)
 
 
-def tiny_config(out_dir, *extra, env_id=FAKE_ENV_ID):
+LOCAL_ENGINE = ("engine.max_model_len=2048", "engine.kv_cache_gib=0.25")
+
+
+def tiny_config(out_dir, *extra, env_id=FAKE_ENV_ID, engine=LOCAL_ENGINE):
     return load(
         RunConfig,
         None,
@@ -54,8 +57,7 @@ def tiny_config(out_dir, *extra, env_id=FAKE_ENV_ID):
             "rollout.max_turns=2",
             "rollout.max_tokens_per_turn=24",
             "rollout.end_on_truncated_turn=false",
-            "engine.max_model_len=2048",
-            "engine.kv_cache_gib=0.25",
+            *engine,
             "trainer.lr=1e-3",
             "correction_preset=geo_rs_token_tis",
             *extra,

@@ -1,0 +1,111 @@
+"""`engine.kind` in a run config: defaults, refusals, and what each kind's engine gets."""
+
+import dataclasses
+
+import pytest
+
+from tir_rl import config
+from tir_rl.engine.choice import HTTP_KEYS, EngineConfig, EngineKind
+from tir_rl.engine.vllm_http import ServerAddress, VLLMHttpEngine
+from tir_rl.engine.vllm_local import VLLMLocalEngine
+from tir_rl.errors import ConfigError
+from tir_rl.run_config import RunConfig
+
+HTTP = [
+    "model=tiny",
+    "engine.kind=http",
+    "engine.http.base_url=http://127.0.0.1:8000",
+    "engine.weights_dir=/dev/shm/tir-rl-weights",
+]
+
+
+def test_the_default_engine_is_local_with_an_empty_server_section():
+    cfg = config.load(RunConfig, None, ["model=tiny", "engine.max_model_len=512"])
+    assert cfg.engine.kind is EngineKind.LOCAL
+    assert cfg.engine.max_model_len == 512
+    assert cfg.engine.http.base_url == ""
+
+
+def test_http_settings_reach_the_http_engine_config():
+    cfg = config.load(
+        RunConfig,
+        None,
+        [*HTTP, "engine.http.served_model_name=tiny", "engine.http.max_retries=1"],
+    )
+    http = cfg.engine.http_config()
+    assert http == VLLMHttpEngine.Config(
+        base_url="http://127.0.0.1:8000",
+        served_model_name="tiny",
+        max_retries=1,
+        dtype="float32",
+        weights_dir="/dev/shm/tir-rl-weights",
+    )
+
+
+def test_injected_sampler_dtype_is_what_the_server_must_compute_in():
+    cfg = config.load(RunConfig, None, [*HTTP, "inject.sampler_dtype=bfloat16"])
+    assert cfg.engine.http_config().dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("key", ["max_model_len=512", "kv_cache_gib=2", "enforce_eager=false"])
+def test_a_local_only_key_is_refused_with_kind_http(key):
+    name = key.partition("=")[0]
+    with pytest.raises(ConfigError, match=f"engine.{name} configures the local engine"):
+        config.load(RunConfig, None, [*HTTP, f"engine.{key}"])
+
+
+def test_every_local_only_key_is_refused_with_kind_http():
+    default = VLLMLocalEngine.Config(model_path="tiny")
+    assert set(HTTP_KEYS) <= set(VLLMLocalEngine.Config.__dataclass_fields__)
+    local_only = [f.name for f in dataclasses.fields(default) if f.name not in HTTP_KEYS]
+    assert "max_model_len" in local_only and "dtype" not in local_only
+    for name in local_only:
+        changed = dataclasses.replace(default, **{name: _another_value(getattr(default, name))})
+        engine = EngineConfig(
+            **{**dataclasses.asdict(changed), "weights_dir": "/w"},
+            kind=EngineKind.HTTP,
+            http=ServerAddress(base_url="http://h:1"),
+        )
+        with pytest.raises(ConfigError, match=f"engine.{name} configures the local engine"):
+            engine.validate()
+
+
+def _another_value(value):
+    """A valid value different from `value`, for every type a local engine field has."""
+    if isinstance(value, bool):
+        return not value
+    if value is None:
+        return 32
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return value / 2
+    raise AssertionError(f"no other value for {value!r}")
+
+
+def test_a_server_section_is_refused_with_kind_local():
+    with pytest.raises(ConfigError, match="engine.http.base_url is set but engine.kind is local"):
+        config.load(RunConfig, None, ["model=tiny", "engine.http.base_url=http://h:1"])
+
+
+def test_kind_http_needs_the_server_url_and_a_weights_folder():
+    with pytest.raises(ConfigError, match="engine.http.base_url is not set"):
+        config.load(RunConfig, None, ["model=tiny", "engine.kind=http"])
+    no_folder = [k for k in HTTP if not k.startswith("engine.weights_dir")]
+    with pytest.raises(ConfigError, match="engine.weights_dir is not set"):
+        config.load(RunConfig, None, no_folder)
+
+
+def test_a_bad_url_or_kind_is_refused():
+    with pytest.raises(ConfigError, match="must start with http"):
+        config.load(RunConfig, None, [*HTTP, "engine.http.base_url=127.0.0.1:8000"])
+    with pytest.raises(ConfigError, match="'grpc' is not one of 'local', 'http'"):
+        config.load(RunConfig, None, ["engine.kind=grpc"])
+
+
+def test_an_http_run_config_survives_its_saved_copy(tmp_path):
+    cfg = config.load(RunConfig, None, HTTP)
+    path = tmp_path / "config.yaml"
+    config.dump(cfg, path)
+    again = config.load(RunConfig, path)
+    assert again.engine == cfg.engine and again.engine.kind is EngineKind.HTTP

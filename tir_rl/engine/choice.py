@@ -1,0 +1,152 @@
+"""The run's engine: `engine.kind` picks the in-process vLLM or a `vllm serve` server.
+
+`EngineConfig` is the `engine` section of a run config. Its flat keys are the local engine's
+(`VLLMLocalEngine.Config`), so `kind: local` configs read as before; `kind: http` adds the
+server's address under `engine.http` and keeps only the flat keys that mean something for a
+server someone else started (the checks the engine makes, and the weights folder). A key of
+the other kind that differs from its default is refused at load time, never ignored.
+
+`build_engine` starts or connects to the engine named by the config. A server must have
+been started on the run's `model` (same checkpoint path), and it is reset to that
+checkpoint's weights on connect, since a server keeps whatever weights its last run sent it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tir_rl.engine.base import Engine
+from tir_rl.engine.vllm_http import ServerAddress, VLLMHttpEngine
+from tir_rl.engine.vllm_local import VLLMLocalEngine
+from tir_rl.engine.weights_io import read_checkpoint_weights
+from tir_rl.errors import ConfigError, EngineError
+
+logger = logging.getLogger(__name__)
+
+
+class EngineKind(enum.StrEnum):
+    """Which engine samples the rollouts."""
+
+    LOCAL = "local"
+    """vLLM in this process (`VLLMLocalEngine`), started and stopped by the run."""
+    HTTP = "http"
+    """A running `vllm serve` server (`VLLMHttpEngine`); the run never starts or stops it."""
+
+
+HTTP_KEYS = (
+    "model_path",
+    "dtype",
+    "logprobs_mode",
+    "allow_other_logprobs_mode",
+    "allow_truncated_sampling",
+    "weights_dir",
+)
+"""Flat `engine` keys that also apply to `kind: http` (checked against the server, or
+where the weights go); every other flat key configures the local engine only."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig(VLLMLocalEngine.Config):
+    """The sampling engine: the local engine's settings, or a server's address."""
+
+    kind: EngineKind = EngineKind.LOCAL
+    """`local`: start vLLM in this process. `http`: use the `vllm serve` server at
+    `engine.http.base_url`, started on the run's `model` with `VLLM_SERVER_DEV_MODE=1` (see
+    docs/scale.md). With `http` the only flat keys that apply are `dtype` and
+    `logprobs_mode` (what the server must use, checked on connect), the two `allow_*` keys,
+    and `weights_dir` (required: a folder the server reads at the same path); the others
+    are refused."""
+    http: ServerAddress = field(default_factory=ServerAddress)
+    """The server (only with `kind: http`)."""
+
+    def validate(self) -> None:
+        """Refuse settings of the kind not chosen, then check the chosen kind's."""
+        super().validate()
+        if self.kind is EngineKind.LOCAL:
+            given = _changed(self.http, ServerAddress())
+            if given:
+                raise ConfigError(
+                    f"engine.http.{given[0]} is set but engine.kind is local: set "
+                    "engine.kind=http to sample from that server, or remove engine.http."
+                )
+            return
+        given = [name for name in _changed(self, _LOCAL_DEFAULTS) if name not in _NOT_LOCAL]
+        if given:
+            raise ConfigError(
+                f"engine.{given[0]} configures the local engine, but engine.kind is http: the "
+                f"server's own flags decide it. Remove engine.{given[0]} (start the server "
+                "with the matching flag), or set engine.kind=local."
+            )
+        if not self.http.base_url:
+            raise ConfigError(
+                "engine.kind is http but engine.http.base_url is not set: give the server's "
+                "root, e.g. engine.http.base_url=http://127.0.0.1:8000"
+            )
+        if self.weights_dir is None:
+            raise ConfigError(
+                "engine.kind is http but engine.weights_dir is not set: the trainer's weights "
+                "reach the server through this folder, which the server must read at the same "
+                "path (e.g. /dev/shm/tir-rl-weights for a server on this machine, or a shared "
+                "file system)."
+            )
+        self.http_config().validate()
+
+    def http_config(self) -> VLLMHttpEngine.Config:
+        """The HTTP engine's config: `http`'s address plus the shared flat keys."""
+        address = {f.name: getattr(self.http, f.name) for f in dataclasses.fields(ServerAddress)}
+        return VLLMHttpEngine.Config(
+            **address,
+            dtype=self.dtype,
+            logprobs_mode=self.logprobs_mode,
+            allow_other_logprobs_mode=self.allow_other_logprobs_mode,
+            allow_truncated_sampling=self.allow_truncated_sampling,
+            weights_dir=self.weights_dir,
+        )
+
+
+_LOCAL_DEFAULTS = VLLMLocalEngine.Config(model_path="")
+_NOT_LOCAL = {*HTTP_KEYS, "kind", "http"}
+
+
+def _changed(config: object, default: object) -> list[str]:
+    """Names of the fields of `default`'s class whose value in `config` differs from it."""
+    return [
+        f.name
+        for f in dataclasses.fields(default)  # type: ignore[arg-type]
+        if getattr(config, f.name) != getattr(default, f.name)
+    ]
+
+
+def build_engine(config: EngineConfig, model_path: Path) -> Engine:
+    """Start (local) or connect to (http) the engine of `config`, serving `model_path`.
+
+    Raises:
+        EngineError: the engine failed to start, or the server serves another model.
+    """
+    if config.kind is EngineKind.LOCAL:
+        return VLLMLocalEngine(dataclasses.replace(config, model_path=str(model_path)))
+    engine = VLLMHttpEngine(config.http_config())
+    try:
+        _check_served_model(engine, model_path)
+        logger.info("resetting %s to the weights of %s", config.http.base_url, model_path)
+        asyncio.run(engine.update_weights(read_checkpoint_weights(model_path)))
+    except BaseException:
+        engine.close()
+        raise
+    return engine
+
+
+def _check_served_model(engine: VLLMHttpEngine, model_path: Path) -> None:
+    served = engine.model_info.model_path
+    if Path(served).resolve() != model_path.resolve():
+        raise EngineError(
+            f"{engine.config.base_url} serves {served}, but the run's model is {model_path}: "
+            "the sampler and the trainer must be the same network. Start the server with "
+            f"--model {model_path} (tir_rl.engine.vllm_http.serve_command prints the whole "
+            "command), or set the run's model to the checkpoint the server serves."
+        )
