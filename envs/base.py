@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import math
 import sys
 import threading
@@ -46,7 +45,7 @@ from tir_rl.envs.episode import (
     Task,
 )
 from tir_rl.envs.sandbox_handle import LazySandbox
-from tir_rl.errors import ConfigError, SandboxError
+from tir_rl.errors import ConfigError, SandboxError, closest
 from tir_rl.types import Message, Role, ToolCall, ToolErrorKind, ToolResult
 
 if TYPE_CHECKING:
@@ -284,7 +283,7 @@ def _with_overrides(config: Any, overrides: dict[str, Any]) -> Any:
     names = {f.name for f in dataclasses.fields(config)}
     for key in overrides:
         if key not in names:
-            near = difflib.get_close_matches(key, sorted(names), n=1)
-            hint = f"; did you mean {near[0]!r}?" if near else f"; valid: {sorted(names)}"
+            near = closest(key, sorted(names))
+            hint = f"; did you mean {near!r}?" if near else f"; valid: {sorted(names)}"
             raise ConfigError(f"{type(config).__qualname__} has no field {key!r}{hint}")
     return dataclasses.replace(config, **overrides)

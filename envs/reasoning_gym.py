@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from tir_rl.envs.answers import ANSWER_INSTRUCTIONS
 from tir_rl.envs.base import Split, Task, ToolEnv
-from tir_rl.errors import ConfigError, SetupError
+from tir_rl.errors import ConfigError, SetupError, did_you_mean
 from tir_rl.types import Message
 
 if TYPE_CHECKING:
@@ -118,10 +118,8 @@ class ReasoningGymEnv(ToolEnv):
             rg = load_reasoning_gym()
             names = sorted(rg.factory.DATASETS)
             if self.config.task not in names:
-                import difflib
-
-                near = difflib.get_close_matches(self.config.task, names, n=3)
-                raise ConfigError(f"unknown reasoning-gym task {self.config.task!r}; close: {near}")
+                hint = did_you_mean(self.config.task, names)
+                raise ConfigError(f"unknown reasoning-gym task {self.config.task!r}.{hint}")
             try:
                 self._dataset = rg.create_dataset(
                     self.config.task,

@@ -8,7 +8,6 @@ nearest valid key, so a typo never silently falls back to a default.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import enum
 import types
 import typing
@@ -18,7 +17,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from tir_rl.errors import ConfigError
+from tir_rl.errors import ConfigError, did_you_mean
 
 C = TypeVar("C")
 
@@ -121,8 +120,7 @@ def _default_of(f: dataclasses.Field) -> Any:
 
 
 def _unknown_key_message(path: str, key: str, fields: Mapping[str, Any]) -> str:
-    close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
+    hint = did_you_mean(str(key), fields, cutoff=0.5)
     return f"Unknown config key {path!r}.{hint} Valid keys here: {', '.join(sorted(fields))}."
 
 

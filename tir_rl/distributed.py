@@ -9,20 +9,30 @@ Functions named `rank0_*` return their result on rank 0 only (an empty value els
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import os
+import signal
 import socket
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
+from typing import Any, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from tir_rl.errors import ConfigError
+from tir_rl.errors import ConfigError, ParityError, TirError
+
+logger = logging.getLogger(__name__)
+
+Kept = TypeVar("Kept")
+Part = TypeVar("Part")
 
 
 class ReduceOp(StrEnum):
@@ -393,6 +403,165 @@ def even_split(n: int, parts: int) -> list[range]:
     for r in range(parts):
         bounds.append(bounds[-1] + base + (r < extra))
     return [range(bounds[r], bounds[r + 1]) for r in range(parts)]
+
+
+def rank0_gather_rows(
+    local: torch.Tensor | None, *, num_rows: int, shape: Sequence[int]
+) -> torch.Tensor | None:
+    """Rank 0: one [num_rows, ...] tensor from every rank's rows (shares by `even_split`).
+
+    Rank r holds rows `even_split(num_rows, world)[r]`, possibly shorter in the last
+    dimension than `shape` (its own padding); missing entries stay 0. None on other ranks,
+    and everywhere when `local` is None.
+    """
+    if local is None:
+        return None
+    if not is_initialized() or world_size() == 1:
+        return local
+    parts = rank0_gather_object(local)
+    if not is_rank0():
+        return None
+    out = torch.zeros(tuple(shape), dtype=local.dtype)
+    for piece, part in zip(even_split(num_rows, world_size()), parts, strict=True):
+        if len(piece):  # an empty share trained on a masked filler: nothing to keep
+            assert isinstance(part, torch.Tensor)
+            out[piece.start : piece.stop, : part.shape[1]] = part
+    return out
+
+
+# --------------------------------------------------------------- rank-0-led coordination
+class FailureKind(StrEnum):
+    """How the other ranks re-raise a failure of rank 0's."""
+
+    INTERRUPT = "interrupt"
+    """Ctrl-C: KeyboardInterrupt (checkpoint and stop)."""
+    PARITY = "parity"
+    """The sampler drifted from the trainer: ParityError."""
+    ERROR = "error"
+    """Anything else: TirError naming rank 0's exception."""
+
+
+@dataclass
+class RankFailure:
+    """An exception of rank 0's, in the form the other ranks re-raise it."""
+
+    kind: FailureKind
+    message: str
+
+    @classmethod
+    def of(cls, exc: BaseException) -> RankFailure:
+        """The failure the other ranks should re-raise for `exc`."""
+        kind = FailureKind.ERROR
+        if isinstance(exc, KeyboardInterrupt):
+            kind = FailureKind.INTERRUPT
+        elif isinstance(exc, ParityError):
+            kind = FailureKind.PARITY
+        return cls(kind, f"{type(exc).__name__}: {exc}")
+
+    def raise_(self) -> NoReturn:
+        """Raise it here: KeyboardInterrupt, ParityError, or TirError for anything else."""
+        if self.kind is FailureKind.INTERRUPT:
+            raise KeyboardInterrupt
+        if self.kind is FailureKind.PARITY:
+            raise ParityError(self.message)
+        raise TirError(f"rank 0 failed: {self.message}")
+
+
+class Rank0InterruptGate:
+    """Rank 0 of a multi-rank run: Ctrl-C raises only inside `open()` (rank-0-only work).
+
+    Elsewhere the other ranks may be inside a collective with rank 0; an interrupt there is
+    remembered and raised when the next `open()` section starts.
+    """
+
+    def __init__(self) -> None:
+        self.pending = False
+
+    def _defer(self, signum: int, frame: Any) -> None:
+        self.pending = True
+        logger.warning("interrupt: checkpoint and stop when the ranks are in step")
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[Rank0InterruptGate]:
+        """Defer Ctrl-C while the context is open (the whole run)."""
+        previous = signal.signal(signal.SIGINT, self._defer)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    @contextlib.contextmanager
+    def open(self) -> Iterator[None]:
+        """A rank-0-only section: a pending or new Ctrl-C raises KeyboardInterrupt here."""
+        if self.pending:
+            raise KeyboardInterrupt
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, self._defer)
+
+
+@contextlib.contextmanager
+def sigint_ignored() -> Iterator[None]:
+    """Ranks > 0: Ctrl-C is rank 0's to act on (it tells the others through `rank0_share`)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def interrupt_handling() -> contextlib.AbstractContextManager[Rank0InterruptGate | None]:
+    """How a run handles Ctrl-C: as usual alone; deferred on rank 0, ignored on the others.
+
+    Yields rank 0's gate (for `rank0_share`), or None.
+    """
+    if world_size() == 1:
+        return contextlib.nullcontext()
+    if not is_rank0():
+        return _yield_none(sigint_ignored())
+    return Rank0InterruptGate().installed()
+
+
+@contextlib.contextmanager
+def _yield_none(context: contextlib.AbstractContextManager[Any]) -> Iterator[None]:
+    with context:
+        yield None
+
+
+def rank0_share(
+    fn: Callable[[], tuple[Kept, Sequence[Part]]],
+    *,
+    gate: Rank0InterruptGate | None = None,
+    on_shared_failure: Callable[[], None] = lambda: None,
+) -> tuple[Kept | None, Part]:
+    """Run `fn` on rank 0 only; rank r gets item r of its parts, rank 0 also what it kept.
+
+    `fn` returns `(kept, parts)` with one part per rank. When `fn` raises on rank 0, every
+    rank raises its kind (KeyboardInterrupt, ParityError, else TirError) after calling
+    `on_shared_failure`, so that all of them reach the caller's next collective together.
+
+    Returns:
+        `(kept, parts[rank])`; `kept` is None on ranks > 0.
+    """
+    if not is_initialized() or world_size() == 1:
+        kept, parts = fn()
+        return kept, parts[0]
+    if is_rank0():
+        try:
+            with gate.open() if gate is not None else contextlib.nullcontext():
+                kept, parts = fn()
+        except BaseException as exc:
+            scatter_object([RankFailure.of(exc)] * world_size())
+            on_shared_failure()
+            raise
+        return kept, scatter_object(parts)  # type: ignore[return-value]
+    part = scatter_object(None)
+    if isinstance(part, RankFailure):
+        on_shared_failure()
+        part.raise_()
+    return None, part  # type: ignore[return-value]
 
 
 def torchrun_command(nproc_per_node: int, module: str, args: Sequence[str]) -> list[str]:

@@ -6,6 +6,11 @@ Mistakes made by the *model* (a malformed tool call, wrong arguments) are never 
 they become error tool results (`tir_rl.types.ToolResult`) so that training goes on.
 """
 
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
 
 class TirError(Exception):
     """Base class of every error tir-rl raises on purpose."""
@@ -49,3 +54,15 @@ class EnvironmentSpecError(TirError):
 
 class SetupError(TirError):
     """A required component is not installed; the message names the set-up command."""
+
+
+def closest(name: str, candidates: Iterable[str], *, cutoff: float = 0.6) -> str | None:
+    """The candidate most like `name` (a likely typo), or None: for "did you mean" hints."""
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
+def did_you_mean(name: str, candidates: Iterable[str], *, cutoff: float = 0.6) -> str:
+    """`" Did you mean 'x'?"` for the closest candidate, or "" when none is close."""
+    near = closest(name, candidates, cutoff=cutoff)
+    return f" Did you mean {near!r}?" if near else ""

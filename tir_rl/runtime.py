@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tir_rl.engine.base import Engine
-from tir_rl.errors import ConfigError
+from tir_rl.errors import ConfigError, did_you_mean
 from tir_rl.run_config import EnvSection, RunConfig
 from tir_rl.types import Trajectory
 
@@ -28,10 +28,7 @@ def env_factory(section: EnvSection, split: str) -> Callable[[], Any]:
     import tir_rl.envs  # noqa: F401 (registers the tir_rl/... ids)
 
     if section.id not in gymnasium.registry:
-        import difflib
-
-        close = difflib.get_close_matches(section.id, list(gymnasium.registry), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(section.id, gymnasium.registry)
         raise ConfigError(f"env.id {section.id!r} is not a registered gymnasium id.{hint}")
     kwargs = dict(section.kwargs)
 

@@ -21,9 +21,10 @@ metrics, plots, trajectories and the progress bar; every rank holds an FSDP2 sha
 trainer. Each step rank 0 scatters the batch (about B/W sequences and their advantages per
 rank, `distributed.scatter_object`); the loss normalizer is a global token count, so the step
 equals the world-size-1 step. Rank-0-only work (rollouts, eval, engine sync) runs inside
-`_TrainLoop._share`, which also hands its failure to the other ranks (Ctrl-C, ParityError,
-any error), so every rank reaches the same collective checkpoint; outside it rank 0 defers
-Ctrl-C and the other ranks ignore it.
+`distributed.rank0_share`, which also hands its failure to the other ranks (Ctrl-C,
+ParityError, any error), so every rank reaches the same collective checkpoint; outside it
+rank 0 defers Ctrl-C and the other ranks ignore it (`distributed.interrupt_handling`). The
+step's metrics row is built by `tir_rl.step_metrics`.
 """
 
 from __future__ import annotations
@@ -33,10 +34,8 @@ import contextlib
 import logging
 import math
 import os
-import signal
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -50,11 +49,13 @@ from tir_rl.config import dump, load
 from tir_rl.errors import ConfigError, ParityError, TirError
 from tir_rl.mismatch_injection import MismatchInjection
 from tir_rl.run_config import RunConfig
+from tir_rl.step_metrics import StepOutcome, episode_row, step_row
 from tir_rl.types import Trajectory
 
 if TYPE_CHECKING:
     from tir_rl.batch import TrainBatch
     from tir_rl.eval_stats import Estimate
+    from tir_rl.trainer import StepResult
 
 logger = logging.getLogger(__name__)
 
@@ -217,74 +218,6 @@ class _StepPlan:
     num_degenerate_groups: int
 
 
-@dataclass
-class _Failure:
-    """An exception of rank 0's, in the form the other ranks re-raise it."""
-
-    kind: str
-    """`interrupt`, `parity` or `error`."""
-    message: str
-
-    @classmethod
-    def of(cls, exc: BaseException) -> _Failure:
-        kind = "error"
-        if isinstance(exc, KeyboardInterrupt):
-            kind = "interrupt"
-        elif isinstance(exc, ParityError):
-            kind = "parity"
-        return cls(kind, f"{type(exc).__name__}: {exc}")
-
-    def raise_(self) -> NoReturn:
-        if self.kind == "interrupt":
-            raise KeyboardInterrupt
-        if self.kind == "parity":
-            raise ParityError(self.message)
-        raise TirError(f"rank 0 failed: {self.message}")
-
-
-class _InterruptGate:
-    """Rank 0 of a multi-rank run: Ctrl-C raises only inside `open()` (rank-0-only work).
-
-    Elsewhere the other ranks may be inside a collective with rank 0; an interrupt there is
-    remembered and raised when the next `open()` section starts.
-    """
-
-    def __init__(self) -> None:
-        self.pending = False
-
-    def _defer(self, signum: int, frame: Any) -> None:
-        self.pending = True
-        logger.warning("interrupt: checkpoint and stop when the ranks are in step")
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[_InterruptGate]:
-        previous = signal.signal(signal.SIGINT, self._defer)
-        try:
-            yield self
-        finally:
-            signal.signal(signal.SIGINT, previous)
-
-    @contextlib.contextmanager
-    def open(self) -> Iterator[None]:
-        if self.pending:
-            raise KeyboardInterrupt
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGINT, self._defer)
-
-
-@contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """Ranks > 0: Ctrl-C is rank 0's to act on (it tells the others through `_share`)."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 class _TrainLoop:
     """The state of one training run; `run` is the loop."""
 
@@ -301,7 +234,7 @@ class _TrainLoop:
         self.run_dir = config.run_dir
         self.world = tdist.world_size()
         self.rank0 = tdist.is_rank0()
-        self._gate: _InterruptGate | None = None
+        self._gate: tdist.Rank0InterruptGate | None = None
         self.trainer = Trainer(
             config.trainer,
             loss_fn=GRPOLoss(config.loss),
@@ -354,16 +287,8 @@ class _TrainLoop:
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> TrainSummary:
-        with self._signals():
+        with tdist.interrupt_handling() as self._gate:
             return self._run()
-
-    def _signals(self) -> contextlib.AbstractContextManager[Any]:
-        if self.world == 1:
-            return contextlib.nullcontext()
-        if not self.rank0:
-            return _sigint_ignored()
-        self._gate = _InterruptGate()
-        return self._gate.installed()
 
     def _run(self) -> TrainSummary:
         from tqdm import tqdm
@@ -409,53 +334,67 @@ class _TrainLoop:
         return self.summary
 
     def _share(self, fn: Callable[[], tuple[Any, list[Any]]]) -> tuple[Any, Any]:
-        """Run `fn` on rank 0 only; rank r gets item r of its list, rank 0 also the rest.
+        """`tdist.rank0_share`; a failure it shares ends every rank the same way."""
+        return tdist.rank0_share(fn, gate=self._gate, on_shared_failure=self._ended_together)
 
-        `fn` returns `(kept, parts)` with one part per rank. When `fn` raises on rank 0,
-        every rank raises its kind (KeyboardInterrupt, ParityError, else TirError), so all
-        ranks reach the collective checkpoint of `run` together.
-
-        Returns:
-            `(kept, parts[rank])`; `kept` is None on ranks > 0.
-        """
-        if self.world == 1:
-            kept, parts = fn()
-            return kept, parts[0]
-        if self.rank0:
-            try:
-                with self._gate.open() if self._gate is not None else contextlib.nullcontext():
-                    kept, parts = fn()
-            except BaseException as exc:
-                tdist.scatter_object([_Failure.of(exc)] * self.world)
-                self.ended_together = True
-                raise
-            return kept, tdist.scatter_object(parts)
-        part = tdist.scatter_object(None)
-        if isinstance(part, _Failure):
-            self.ended_together = True
-            part.raise_()
-        return None, part
+    def _ended_together(self) -> None:
+        self.ended_together = True
 
     def _evaluate_shared(self, step: int, when: str) -> Estimate | None:
         accuracy, _ = self._share(lambda: (self._evaluate(step, when), [None] * self.world))
         return accuracy
 
     def _step(self, step: int) -> tuple[dict[str, float], bool]:
-        from tir_rl.metrics import save_trajectories
-        from tir_rl.mismatch import mismatch_metrics
+        """One RL step: rollout → advantages → recompute → mismatch → update → sync → log."""
+        plan, work = self._share(lambda: self._rollouts(step))  # rank 0 plays, every rank gets work
+        train_started = time.perf_counter()
+        result, local_logprobs = self._update(step, work)
+        # Identical on every rank (global metrics); rank 0's verdict is taken all the same.
+        updated, stop = tdist.broadcast_object(
+            (result is not None and not result.skipped, result is not None and result.stop)
+        )  # type: ignore[misc]
+        # The trainer has taken this step: a failure from here on (Ctrl-C, a ParityError in
+        # the sync) checkpoints it as done, and `--resume` goes on with the next one.
+        self.summary.steps_done = step + 1
+        batch = plan.batch if plan is not None else None
+        trainer_logprobs = tdist.rank0_gather_rows(
+            local_logprobs,
+            num_rows=batch.num_sequences if batch is not None else 0,
+            shape=batch.completion_ids.shape if batch is not None else (),
+        )
+        train_s = time.perf_counter() - train_started
 
-        cfg = self.config.run
-        plan, work = self._share(lambda: self._rollouts(step))
-        t1 = time.perf_counter()
-        result, local_logprobs, parity = None, None, None
-        if work.batch is not None:
-            self._all_failed_steps = 0
-            if work.advantages is not None:  # one forward per micro-batch; it returns ℓ^old
-                result = self.trainer.train_step(work.batch, work.advantages, guard=self.guard)
-                local_logprobs = result.logprobs
-            else:
-                local_logprobs = self.trainer.compute_logprobs(work.batch)
-        else:
+        sync_started = time.perf_counter()
+        parity = None
+        if updated:
+            self.num_updates += 1
+            parity = self._sync_weights()
+        sync_s = time.perf_counter() - sync_started
+        if not self.rank0:
+            return {}, stop
+
+        outcome = StepOutcome(
+            rollout_row=plan.row,
+            batch=batch,
+            result=result,
+            trainer_logprobs=trainer_logprobs,
+            updated=updated,
+            num_degenerate_groups=plan.num_degenerate_groups,
+            train_s=train_s,
+            sync_s=sync_s,
+            parity=parity,
+        )
+        row = step_row(outcome)
+        self._log(step + 1, row, plan, trainer_logprobs)
+        return row, stop
+
+    def _update(self, step: int, work: _StepWork) -> tuple[StepResult | None, torch.Tensor | None]:
+        """This rank's share: recompute ℓ^old, measure and correct the mismatch, update.
+
+        Returns the trainer's result (None when the share carries no learning signal) and
+        this rank's [b, T] trainer logprobs (None when no episode sampled a token).
+        """
+        if work.batch is None:
             self._all_failed_steps += 1
             if self.rank0:
                 logger.warning(
@@ -468,69 +407,35 @@ class _TrainLoop:
                     f"error: {work.first_error or 'none recorded'}. Run `tir-rl rollout "
                     "--config ...` or `tir-rl doctor --config ...` to inspect the episodes."
                 )
-        # Identical on every rank (global metrics); rank 0's verdict is taken all the same.
-        updated, stop = tdist.broadcast_object(
-            (result is not None and not result.skipped, result is not None and result.stop)
-        )  # type: ignore[misc]
-        # The trainer has taken this step: a failure from here on (Ctrl-C, a ParityError in
-        # the sync) checkpoints it as done, and `--resume` goes on with the next one.
-        self.summary.steps_done = step + 1
-        old_logprobs = self._gather_logprobs(plan, local_logprobs)
-        t_train = time.perf_counter() - t1
+            return None, None
+        self._all_failed_steps = 0
+        if work.advantages is None:  # no signal: only score the batch
+            return None, self.trainer.compute_logprobs(work.batch)
+        # One forward per micro-batch; its detached logprobs are ℓ^old.
+        result = self.trainer.train_step(work.batch, work.advantages, guard=self.guard)
+        return result, result.logprobs
 
-        t2 = time.perf_counter()
-        if updated:
-            self.num_updates += 1
-            parity = self._sync_weights()
-        t_sync = time.perf_counter() - t2
-        if not self.rank0:
-            return {}, stop
+    def _log(
+        self, steps_done: int, row: dict[str, float], plan: _StepPlan, logprobs: torch.Tensor | None
+    ) -> None:
+        """Rank 0: the metrics row, a few trajectories with their trainer logprobs, plots."""
+        from tir_rl.metrics import save_trajectories
 
-        row = plan.row
-        trajectories, in_batch = plan.trajectories, plan.in_batch
-        if plan.batch is not None and result is None:
-            # With no learning signal anywhere, still score what was sampled: the mismatch
-            # metrics are watched every step.
-            batch = plan.batch
-            row.update(
-                mismatch_metrics(
-                    old_logprobs, batch.sampler_logprobs, batch.loss_mask, batch.turn_ids
-                )
-            )
-        if result is not None:
-            row.update(result.metrics)
-        t_rollout = row["perf/rollout_s"]
-        row.update(
-            {
-                "train/loss": result.loss if result else float("nan"),
-                "train/grad_norm": result.grad_norm if result else float("nan"),
-                "train/skipped": float(not updated),
-                "train/degenerate_groups": float(plan.num_degenerate_groups),
-                "perf/train_s": t_train,
-                "perf/sync_s": t_sync,
-                "perf/rollout_tokens_per_s": row["rollout/model_tokens"] / max(t_rollout, 1e-9),
-            }
-        )
-        if result is not None and result.guard is not None:
-            row["guard/alerts"] = float(len(result.guard.alerts))
-        if parity is not None:
-            row["sync/parity_max_abs_diff"] = parity.max_abs_diff
-            row["sync/parity_mean_abs_diff"] = parity.mean_abs_diff
-        self.metrics.log(step + 1, row)
-        if cfg.save_trajectories and old_logprobs is not None:
-            keep = in_batch[: cfg.save_trajectories]
+        cfg = self.config.run
+        self.metrics.log(steps_done, row)
+        if cfg.save_trajectories and logprobs is not None:
+            keep = plan.in_batch[: cfg.save_trajectories]
             save_trajectories(
                 self.run_dir / "trajectories.jsonl",
-                [trajectories[i] for i in keep],
-                step + 1,
+                [plan.trajectories[i] for i in keep],
+                steps_done,
                 trainer_logprobs=[
-                    old_logprobs[row_i, : len(trajectories[i].completion_ids)].tolist()
+                    logprobs[row_i, : len(plan.trajectories[i].completion_ids)].tolist()
                     for row_i, i in enumerate(keep)
                 ],
             )
-        if cfg.plot_every and (step + 1) % cfg.plot_every == 0:
+        if cfg.plot_every and steps_done % cfg.plot_every == 0:
             self._plots()
-        return row, stop
 
     def _rollouts(self, step: int) -> tuple[_StepPlan, list[_StepWork]]:
         """Rank 0: play the step's episodes, compute advantages, share the batch out."""
@@ -548,7 +453,7 @@ class _TrainLoop:
         )
         trajectories = self.runtime.run_episodes(specs)
         t_rollout = time.perf_counter() - t0
-        row = _rollout_metrics(trajectories, prefix="rollout")
+        row = episode_row(trajectories, prefix="rollout")
         row["perf/rollout_s"] = t_rollout
         plan, works = plan_step(
             trajectories,
@@ -557,27 +462,6 @@ class _TrainLoop:
         )
         plan.row = {**row, **plan.row}
         return plan, works
-
-    def _gather_logprobs(
-        self, plan: _StepPlan | None, local: torch.Tensor | None
-    ) -> torch.Tensor | None:
-        """Rank 0: the [B, T] trainer logprobs of the whole batch, from every rank's share."""
-        if local is None:
-            return None
-        if self.world == 1:
-            return local
-        parts = tdist.rank0_gather_object(local)
-        if not self.rank0:
-            return None
-        assert plan is not None and plan.batch is not None, "rank 0 planned the batch"
-        out = torch.zeros(plan.batch.completion_ids.shape, dtype=torch.float32)
-        for piece, part in zip(
-            tdist.even_split(plan.batch.num_sequences, self.world), parts, strict=True
-        ):
-            if len(piece):  # an empty share trained on a masked filler: nothing to keep
-                assert isinstance(part, torch.Tensor)
-                out[piece.start : piece.stop, : part.shape[1]] = part
-        return out
 
     # ------------------------------------------------------------------ pieces
 
@@ -605,7 +489,7 @@ class _TrainLoop:
             "eval/pass_at_1_high": accuracy.high,
             "eval/mean_reward": report.mean_reward,
         }
-        row.update(_rollout_metrics(trajectories, prefix="eval"))
+        row.update(episode_row(trajectories, prefix="eval"))
         self.metrics.log(step, row)
         (self.run_dir / f"eval_step_{step}.json").write_text(report.to_json() + "\n")
         print(f"held-out pass@1 {when} training (step {step}): {accuracy} "
@@ -708,20 +592,3 @@ def plan_step(
             part = torch.zeros(1) if advantages is not None else None
         works.append(_StepWork(share, part))
     return plan, works
-
-
-def _rollout_metrics(trajectories: list[Trajectory], *, prefix: str) -> dict[str, float]:
-    n = max(len(trajectories), 1)
-    rewards = [t.reward for t in trajectories]
-    statuses = Counter(str(t.status) for t in trajectories)
-    row = {
-        f"{prefix}/reward_mean": sum(rewards) / n,
-        f"{prefix}/reward_max": max(rewards, default=0.0),
-        f"{prefix}/model_tokens": float(sum(t.num_model_tokens for t in trajectories)),
-        f"{prefix}/completion_tokens_mean": sum(len(t.completion_ids) for t in trajectories) / n,
-        f"{prefix}/tool_calls_mean": sum(t.num_tool_calls for t in trajectories) / n,
-        f"{prefix}/tool_errors_mean": sum(t.num_tool_errors for t in trajectories) / n,
-    }
-    for status, count in statuses.items():
-        row[f"{prefix}/status/{status}"] = count / n
-    return {k: (v if math.isfinite(v) else float("nan")) for k, v in row.items()}

@@ -9,7 +9,8 @@ from typing import Any
 
 from typing_extensions import override
 
-from tir_rl.tools.nodes import INVALID, TypeNode, closest
+from tir_rl.errors import closest
+from tir_rl.tools.nodes import INVALID, TypeNode
 
 
 @dataclass(frozen=True)

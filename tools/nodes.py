@@ -10,7 +10,6 @@ so that one error message can list everything the model got wrong.
 
 from __future__ import annotations
 
-import difflib
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -232,9 +231,3 @@ def _quoted_hint(kind: str, value: Any) -> str:
     if kind == "boolean" and value.strip().lower() in ("true", "false"):
         return f" (write {value.strip().lower()} without quotes)"
     return ""
-
-
-def closest(name: str, candidates: list[str]) -> str | None:
-    """The candidate most like `name` (a likely typo), or None."""
-    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
-    return close[0] if close else None

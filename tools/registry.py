@@ -18,9 +18,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from tir_rl.errors import ConfigError, SandboxError, ToolDefinitionError
+from tir_rl.errors import ConfigError, SandboxError, ToolDefinitionError, closest
 from tir_rl.tools import results
-from tir_rl.tools.nodes import closest
 from tir_rl.tools.spec import ToolSpec
 from tir_rl.tools.stats import UNKNOWN_TOOL_KEY, ToolStats
 from tir_rl.types import ToolResult

@@ -8,8 +8,16 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
-from tir_rl.distributed import even_split, free_port, rank0_gather_object, scatter_object
+from tir_rl.distributed import (
+    even_split,
+    free_port,
+    rank0_gather_object,
+    rank0_gather_rows,
+    rank0_share,
+    scatter_object,
+)
 
 RANK_SCRIPT = textwrap.dedent(
     """
@@ -29,6 +37,35 @@ RANK_SCRIPT = textwrap.dedent(
     else:
         assert gathered == [], gathered
     assert tdist.broadcast_object((True, rank)) == (True, 0)
+
+    # rank0_gather_rows: rows 0-1 on rank 0 (width 4), row 2 on rank 1 (width 2)
+    local = torch.full((2, 4), 1.0) if rank == 0 else torch.full((1, 2), 2.0)
+    rows = tdist.rank0_gather_rows(local, num_rows=3, shape=(3, 4))
+    if rank == 0:
+        assert rows.tolist() == [[1.0] * 4, [1.0] * 4, [2.0, 2.0, 0.0, 0.0]], rows
+    else:
+        assert rows is None
+
+    # rank0_share: the work runs on rank 0 only, each rank gets its part
+    ran = []
+    kept, part = tdist.rank0_share(lambda: (ran.append(1) or "kept", ["p0", "p1"]))
+    assert (kept, part) == (("kept", "p0") if rank == 0 else (None, "p1")), (kept, part)
+    assert ran == ([1] if rank == 0 else [])
+
+    # ... and a failure on rank 0 is raised as its kind on every rank
+    from tir_rl.errors import ParityError
+
+    def fail():
+        raise ParityError("probe drifted")
+
+    told = []
+    try:
+        tdist.rank0_share(fail, on_shared_failure=lambda: told.append(rank))
+    except ParityError as exc:
+        assert "probe drifted" in str(exc), exc
+    else:
+        raise AssertionError("rank0_share swallowed the failure")
+    assert told == [rank], told
     tdist.destroy_process_group()
     print("ok", rank)
     """
@@ -56,6 +93,9 @@ def test_scatter_and_gather_between_two_gloo_ranks():
 def test_without_a_process_group_scatter_and_gather_are_local():
     assert scatter_object(["only"]) == "only"
     assert rank0_gather_object(7) == [7]
+    local = torch.ones(2, 3)
+    assert rank0_gather_rows(local, num_rows=2, shape=(2, 3)) is local
+    assert rank0_share(lambda: ("kept", ["mine"])) == ("kept", "mine")
 
 
 @pytest.mark.parametrize(

@@ -44,7 +44,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "lab_model",
         ),
     ),
-    ("reporting", ("metrics", "eval_stats", "plots", "viewer", "viewer_style")),
+    ("reporting", ("metrics", "step_metrics", "eval_stats", "plots", "viewer", "viewer_style")),
     (
         "entry",
         (

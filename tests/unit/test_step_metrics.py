@@ -1,0 +1,82 @@
+"""The metrics row of one RL step (`tir_rl.step_metrics`)."""
+
+import math
+
+import pytest
+import torch
+
+from tir_rl.batch import TrainBatch
+from tir_rl.engine.parity import ParityReport
+from tir_rl.step_metrics import StepOutcome, episode_row, step_row
+from tir_rl.trainer import StepResult
+from tir_rl.types import RolloutStatus, Trajectory
+
+
+def trajectory(reward: float, status=RolloutStatus.FINISHED, *, logprob=-0.5) -> Trajectory:
+    return Trajectory(
+        prompt_ids=[1, 2],
+        completion_ids=[10, 11, 12],
+        loss_mask=[1, 0, 1],
+        sampler_logprobs=[logprob, 0.0, logprob],
+        turn_ids=[0, 0, 1],
+        reward=reward,
+        status=status,
+        num_tool_calls=1,
+        num_tool_errors=int(reward == 0),
+    )
+
+
+def test_episode_row_summarises_rewards_tokens_tools_and_statuses():
+    row = episode_row(
+        [trajectory(1.0), trajectory(0.0, RolloutStatus.TRUNCATED_MAX_TURNS)], prefix="eval"
+    )
+    assert row["eval/reward_mean"] == 0.5 and row["eval/reward_max"] == 1.0
+    assert row["eval/model_tokens"] == 4.0  # two model tokens per episode
+    assert row["eval/completion_tokens_mean"] == 3.0
+    assert row["eval/tool_errors_mean"] == 0.5
+    assert row["eval/status/finished"] == row["eval/status/truncated_max_turns"] == 0.5
+
+
+def outcome(**overrides) -> StepOutcome:
+    fields = dict(
+        rollout_row={"perf/rollout_s": 2.0, "rollout/model_tokens": 100.0},
+        batch=None,
+        result=None,
+        trainer_logprobs=None,
+        updated=False,
+        num_degenerate_groups=3,
+        train_s=1.5,
+        sync_s=0.25,
+    )
+    return StepOutcome(**{**fields, **overrides})
+
+
+def test_step_row_of_an_update():
+    result = StepResult(loss=0.5, grad_norm=2.0, skipped=False, metrics={"mismatch/k3": 0.01})
+    parity = ParityReport(
+        num_tokens=8, mean_abs_diff=1e-5, max_abs_diff=1e-4, argmax_position=2, tolerance=1e-3
+    )
+    given = outcome(result=result, updated=True, parity=parity)
+    row = step_row(given)
+    assert row["train/loss"] == 0.5 and row["train/grad_norm"] == 2.0
+    assert row["train/skipped"] == 0.0 and row["train/degenerate_groups"] == 3.0
+    assert row["mismatch/k3"] == 0.01
+    assert row["perf/rollout_tokens_per_s"] == 50.0
+    assert (row["perf/train_s"], row["perf/sync_s"]) == (1.5, 0.25)
+    assert row["sync/parity_max_abs_diff"] == 1e-4
+    assert "train/loss" not in given.rollout_row  # the rollout row is not modified
+
+
+def test_step_row_scores_a_batch_without_signal():
+    batch = TrainBatch.from_trajectories([trajectory(1.0), trajectory(1.0)])
+    off_by = torch.log(torch.tensor(1.1))  # the trainer gives every model token 10% more
+    trainer_logprobs = batch.sampler_logprobs + off_by
+    row = step_row(outcome(batch=batch, trainer_logprobs=trainer_logprobs))
+    assert math.isnan(row["train/loss"]) and row["train/skipped"] == 1.0
+    assert row["mismatch/num_tokens"] == 4.0
+    assert row["mismatch/token_mult_prob_error"] == pytest.approx(1.1, rel=1e-5)  # exp|Δ|
+
+
+def test_step_row_without_any_batch_has_no_mismatch_columns():
+    row = step_row(outcome())
+    assert not any(key.startswith("mismatch/") for key in row)

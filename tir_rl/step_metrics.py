@@ -1,0 +1,100 @@
+"""The metrics row of one RL step, as `metrics.jsonl` and TensorBoard record it.
+
+The train loop hands over what the step produced (rollout statistics, the trainer's result,
+timings, the parity probe); this module names and derives the columns, so the loop stays a
+sequence of stages and every column is defined in one place.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tir_rl.mismatch import mismatch_metrics
+
+if TYPE_CHECKING:
+    import torch
+
+    from tir_rl.batch import TrainBatch
+    from tir_rl.engine.parity import ParityReport
+    from tir_rl.trainer import StepResult
+    from tir_rl.types import Trajectory
+
+
+def episode_row(trajectories: Sequence[Trajectory], *, prefix: str) -> dict[str, float]:
+    """`prefix/...` statistics of a batch of episodes: rewards, tokens, tool use, statuses."""
+    n = max(len(trajectories), 1)
+    rewards = [t.reward for t in trajectories]
+    statuses = Counter(str(t.status) for t in trajectories)
+    row = {
+        f"{prefix}/reward_mean": sum(rewards) / n,
+        f"{prefix}/reward_max": max(rewards, default=0.0),
+        f"{prefix}/model_tokens": float(sum(t.num_model_tokens for t in trajectories)),
+        f"{prefix}/completion_tokens_mean": sum(len(t.completion_ids) for t in trajectories) / n,
+        f"{prefix}/tool_calls_mean": sum(t.num_tool_calls for t in trajectories) / n,
+        f"{prefix}/tool_errors_mean": sum(t.num_tool_errors for t in trajectories) / n,
+    }
+    for status, count in statuses.items():
+        row[f"{prefix}/status/{status}"] = count / n
+    return {k: (v if math.isfinite(v) else float("nan")) for k, v in row.items()}
+
+
+@dataclass(kw_only=True)
+class StepOutcome:
+    """What one step did, on rank 0."""
+
+    rollout_row: dict[str, float]
+    """`episode_row(..., prefix="rollout")` of the sampled episodes and `perf/rollout_s`."""
+    batch: TrainBatch | None
+    """The step's whole batch; None when no episode sampled a token."""
+    result: StepResult | None
+    """The trainer's update; None when the batch carried no learning signal (or was empty)."""
+    trainer_logprobs: torch.Tensor | None
+    """[B, T] trainer logprobs of the whole batch (the update's ℓ^old, or a scoring pass)."""
+    updated: bool
+    """Whether the optimizer step was applied."""
+    num_degenerate_groups: int
+    train_s: float
+    sync_s: float
+    parity: ParityReport | None = None
+    """The parity probe after the weight sync; None when no sync ran."""
+
+
+def step_row(outcome: StepOutcome) -> dict[str, float]:
+    """The step's metrics row (a new dict; `outcome.rollout_row` is left as it was)."""
+    row = dict(outcome.rollout_row)
+    result, batch = outcome.result, outcome.batch
+    if result is not None:
+        row.update(result.metrics)
+    elif batch is not None and outcome.trainer_logprobs is not None:
+        # No learning signal anywhere: the sampled tokens are still scored, because the
+        # mismatch metrics are watched every step.
+        row.update(
+            mismatch_metrics(
+                outcome.trainer_logprobs,
+                batch.sampler_logprobs,
+                batch.loss_mask,
+                batch.turn_ids,
+            )
+        )
+    rollout_s = row["perf/rollout_s"]
+    row.update(
+        {
+            "train/loss": result.loss if result else float("nan"),
+            "train/grad_norm": result.grad_norm if result else float("nan"),
+            "train/skipped": float(not outcome.updated),
+            "train/degenerate_groups": float(outcome.num_degenerate_groups),
+            "perf/train_s": outcome.train_s,
+            "perf/sync_s": outcome.sync_s,
+            "perf/rollout_tokens_per_s": row["rollout/model_tokens"] / max(rollout_s, 1e-9),
+        }
+    )
+    if result is not None and result.guard is not None:
+        row["guard/alerts"] = float(len(result.guard.alerts))
+    if outcome.parity is not None:
+        row["sync/parity_max_abs_diff"] = outcome.parity.max_abs_diff
+        row["sync/parity_mean_abs_diff"] = outcome.parity.mean_abs_diff
+    return row
