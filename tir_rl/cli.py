@@ -100,15 +100,16 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     result = run_sft(load_sft_config(args.config, args.set), force=args.force)
     info = result.info
     if not result.trained:
-        print(f"up to date (config hash {info['config_hash']}): {result.checkpoint}")
+        print(f"up to date (config hash {info.config_hash}): {result.checkpoint}")
         return 0
+    stats = info.stats
     print(
-        f"demos: {info['num_demos']} ({info['loss_tokens']} assistant tokens), "
-        f"steps: {info['steps']}, loss {info['loss_before']} -> {info['loss_after']}"
+        f"demos: {info.num_demos} ({info.loss_tokens} assistant tokens), "
+        f"steps: {stats.steps}, loss {stats.loss_before} -> {stats.loss_after}"
     )
     print(
-        f"wall time: {info['seconds_total']:.0f} s (demos {info['seconds_demos']:.1f} s, "
-        f"training {info['seconds_train']:.0f} s)"
+        f"wall time: {info.seconds_total:.0f} s (demos {info.seconds_demos:.1f} s, "
+        f"training {info.seconds_train:.0f} s)"
     )
     print(f"checkpoint: {result.checkpoint}")
     return 0

@@ -26,6 +26,7 @@ same config (same hash, output folder excluded) it returns it without training.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -172,7 +173,75 @@ class Demonstration:
         return sum(self.loss_mask)
 
 
-@dataclass
+@dataclass(frozen=True)
+class SFTStepRecord:
+    """One optimizer step of `train_on_demonstrations`."""
+
+    step: int
+    epoch: int
+    loss: float
+    """Mean cross-entropy per loss token of the step's sequences."""
+    grad_norm: float
+    """Gradient L2 norm before clipping."""
+    sequences: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class SFTTrainStats:
+    """What `train_on_demonstrations` reports."""
+
+    loss_before: float | None
+    """Mean loss on the probe demonstrations before training; None without probes."""
+    loss_after: float | None
+    steps: int
+    shared_prefix_tokens: int
+    """Tokens of the prefix computed once per step without gradient (0: not cached)."""
+    history: list[SFTStepRecord]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SFTInfo:
+    """The record `sft_info.json` holds next to a fine-tuned checkpoint."""
+
+    config_hash: str
+    """`SFTConfig.config_hash` of the config that made it (the idempotency key)."""
+    config: dict[str, Any]
+    """That config, serialised."""
+    base_model: str
+    num_demos: int
+    demo_tokens: int
+    """Tokens of all demonstrations."""
+    loss_tokens: int
+    """Assistant tokens (loss mask 1) among them."""
+    stats: SFTTrainStats
+    seconds_demos: float
+    seconds_train: float
+    seconds_total: float = 0.0
+    """Everything, the save included (filled in after the save)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (`stats` flattened into the top level, as in earlier files)."""
+        tree = dataclasses.asdict(self)
+        tree.update(tree.pop("stats"))
+        return tree
+
+    @classmethod
+    def from_dict(cls, tree: dict[str, Any]) -> SFTInfo:
+        """Read `to_dict`'s form back."""
+        tree = dict(tree)
+        history = [SFTStepRecord(**record) for record in tree.pop("history")]
+        stats = SFTTrainStats(
+            loss_before=tree.pop("loss_before"),
+            loss_after=tree.pop("loss_after"),
+            steps=tree.pop("steps"),
+            shared_prefix_tokens=tree.pop("shared_prefix_tokens"),
+            history=history,
+        )
+        return cls(stats=stats, **tree)
+
+
+@dataclass(frozen=True)
 class SFTResult:
     """What `run_sft` produced."""
 
@@ -180,8 +249,8 @@ class SFTResult:
     """The HF checkpoint folder."""
     trained: bool
     """False when an up-to-date checkpoint was already there."""
-    info: dict[str, Any]
-    """Contents of `sft_info.json` (config hash, losses, timings)."""
+    info: SFTInfo
+    """What `sft_info.json` records (config hash, losses, timings)."""
 
 
 # ------------------------------------------------------------------------ demonstrations
@@ -352,7 +421,7 @@ def mean_loss(model: Any, demos: Sequence[Demonstration], cache: _PrefixCache) -
 
 def train_on_demonstrations(
     model: Any, demos: Sequence[Demonstration], config: SFTTrainSection
-) -> dict[str, Any]:
+) -> SFTTrainStats:
     """Fine-tune `model` in place; return loss history and counts."""
     import torch
 
@@ -377,7 +446,7 @@ def train_on_demonstrations(
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     model.train()
-    history: list[dict[str, float]] = []
+    history: list[SFTStepRecord] = []
     step = 0
     for epoch, batches in enumerate(epochs):
         for batch in batches:
@@ -394,44 +463,44 @@ def train_on_demonstrations(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
-            record = {
-                "step": step,
-                "epoch": epoch,
-                "loss": step_loss / num_tokens,
-                "grad_norm": grad_norm,
-                "sequences": len(batch),
-                "seconds": time.perf_counter() - t0,
-            }
+            record = SFTStepRecord(
+                step=step,
+                epoch=epoch,
+                loss=step_loss / num_tokens,
+                grad_norm=grad_norm,
+                sequences=len(batch),
+                seconds=time.perf_counter() - t0,
+            )
             history.append(record)
             logger.info(
                 "sft step %d/%d (epoch %d): loss %.4f, grad norm %.2f, %d seqs, %.1f s",
                 step + 1,
                 total_steps,
                 epoch,
-                record["loss"],
+                record.loss,
                 grad_norm,
                 len(batch),
-                record["seconds"],
+                record.seconds,
             )
             step += 1
     model.eval()
     loss_after = mean_loss(model, probe, cache) if probe else None
-    return {
-        "loss_before": loss_before,
-        "loss_after": loss_after,
-        "steps": total_steps,
-        "shared_prefix_tokens": len(prefix),
-        "history": history,
-    }
+    return SFTTrainStats(
+        loss_before=loss_before,
+        loss_after=loss_after,
+        steps=total_steps,
+        shared_prefix_tokens=len(prefix),
+        history=history,
+    )
 
 
 # ----------------------------------------------------------------------------- pipeline
-def load_info(folder: Path) -> dict[str, Any] | None:
+def load_info(folder: Path) -> SFTInfo | None:
     """The `sft_info.json` of a finished checkpoint folder, or None."""
     path = Path(folder) / INFO_FILE
     if not path.is_file():
         return None
-    return json.loads(path.read_text())
+    return SFTInfo.from_dict(json.loads(path.read_text()))
 
 
 def run_sft(config: SFTConfig, *, force: bool = False) -> SFTResult:
@@ -454,7 +523,7 @@ def run_sft(config: SFTConfig, *, force: bool = False) -> SFTResult:
     out = Path(config.output_dir)
     digest = config.config_hash()
     info = load_info(out)
-    if info is not None and info.get("config_hash") == digest and not force:
+    if info is not None and info.config_hash == digest and not force:
         return SFTResult(out, trained=False, info=info)
     if out.exists() and not force:
         found = "a checkpoint of another config" if info is not None else "other files"
@@ -474,25 +543,24 @@ def run_sft(config: SFTConfig, *, force: bool = False) -> SFTResult:
     stats = train_on_demonstrations(model, demos, config.train)
     trained = time.perf_counter()
 
-    info = {
-        "config_hash": digest,
-        "config": to_dict(config),
-        "base_model": str(base),
-        "num_demos": len(demos),
-        "demo_tokens": sum(len(d.token_ids) for d in demos),
-        "loss_tokens": sum(d.num_loss_tokens for d in demos),
-        **{k: v for k, v in stats.items() if k != "history"},
-        "seconds_demos": built - started,
-        "seconds_train": trained - built,
-        "history": stats["history"],
-    }
+    info = SFTInfo(
+        config_hash=digest,
+        config=to_dict(config),
+        base_model=str(base),
+        num_demos=len(demos),
+        demo_tokens=sum(len(d.token_ids) for d in demos),
+        loss_tokens=sum(d.num_loss_tokens for d in demos),
+        stats=stats,
+        seconds_demos=built - started,
+        seconds_train=trained - built,
+    )
     _save_atomically(out, model, tokenizer, info)
-    info["seconds_total"] = time.perf_counter() - started
-    (out / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    info = dataclasses.replace(info, seconds_total=time.perf_counter() - started)
+    (out / INFO_FILE).write_text(json.dumps(info.to_dict(), indent=2) + "\n")
     return SFTResult(out, trained=True, info=info)
 
 
-def _save_atomically(out: Path, model: Any, tokenizer: Any, info: dict[str, Any]) -> None:
+def _save_atomically(out: Path, model: Any, tokenizer: Any, info: SFTInfo) -> None:
     """Write into a hidden sibling folder and rename it, so no half checkpoint is left."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp"
@@ -500,7 +568,7 @@ def _save_atomically(out: Path, model: Any, tokenizer: Any, info: dict[str, Any]
         shutil.rmtree(tmp)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    (tmp / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    (tmp / INFO_FILE).write_text(json.dumps(info.to_dict(), indent=2) + "\n")
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
@@ -518,7 +586,10 @@ __all__ = [
     "SFTConfig",
     "SFTDataSection",
     "SFTEnvSection",
+    "SFTInfo",
     "SFTResult",
+    "SFTStepRecord",
+    "SFTTrainStats",
     "SFTTrainSection",
     "build_demonstrations",
     "load_sft_config",

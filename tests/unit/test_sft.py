@@ -21,7 +21,10 @@ from tir_rl.rollout import EpisodeSpec, Rollout
 from tir_rl.sft import (
     INFO_FILE,
     Demonstration,
+    SFTInfo,
+    SFTStepRecord,
     SFTTrainSection,
+    SFTTrainStats,
     _PrefixCache,
     build_demonstrations,
     load_sft_config,
@@ -212,3 +215,31 @@ def test_sft_on_the_tiny_model_lowers_the_loss_and_saves_a_loadable_checkpoint(t
 def test_train_section_rejects_bad_values():
     with pytest.raises(ConfigError, match="epochs"):
         SFTTrainSection(epochs=0).validate()
+
+
+def test_sft_info_reads_back_what_it_writes():
+    stats = SFTTrainStats(
+        loss_before=0.8,
+        loss_after=0.1,
+        steps=2,
+        shared_prefix_tokens=445,
+        history=[
+            SFTStepRecord(step=k, epoch=0, loss=0.5, grad_norm=1.0, sequences=4, seconds=2.0)
+            for k in range(2)
+        ],
+    )
+    info = SFTInfo(
+        config_hash="abc",
+        config={"model": "tiny"},
+        base_model="/m",
+        num_demos=8,
+        demo_tokens=5000,
+        loss_tokens=700,
+        stats=stats,
+        seconds_demos=1.0,
+        seconds_train=9.0,
+        seconds_total=11.0,
+    )
+    tree = json.loads(json.dumps(info.to_dict()))
+    assert tree["steps"] == 2 and tree["loss_before"] == 0.8 and len(tree["history"]) == 2
+    assert SFTInfo.from_dict(tree) == info
