@@ -31,7 +31,7 @@ from tir_rl.config import dump, to_dict
 from tir_rl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from tir_rl.collapse_guard import CollapseGuard
+    from tir_rl.mismatch.guard import CollapseGuard
     from tir_rl.trainer import Trainer
 
 MODEL_DIR = "model"

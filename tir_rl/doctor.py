@@ -19,7 +19,7 @@ from tir_rl.types import Trajectory
 
 if TYPE_CHECKING:
     from tir_rl.engine.base import Engine
-    from tir_rl.mismatch_injection import MismatchInjection
+    from tir_rl.mismatch.injection import MismatchInjection
 
 # Sampler vs trainer gaps on this kind of machine (docs/machine-facts): fp32 vLLM CPU gives
 # max |Δ| ~6e-5; bf16 gives ~0.3. Above WARN the correction matters; above FAIL it is a bug.
@@ -206,7 +206,7 @@ def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
     )
     from tir_rl.envs.episode import ResetInfo
     from tir_rl.mismatch import mismatch_metrics
-    from tir_rl.mismatch_injection import MismatchInjection
+    from tir_rl.mismatch.injection import MismatchInjection
     from tir_rl.runtime import env_factory, open_runtime, task_specs
     from tir_rl.trainer import Trainer
 

@@ -9,7 +9,7 @@ Plots and the keys they read (the first key of each tuple that is present wins):
 
 - `reward.png`: `REWARD_KEYS` (train reward mean) and `HELDOUT_KEYS` (held-out accuracy).
 - `grad_norm.png`: `GRAD_NORM_KEYS`.
-- `mismatch.png`: `MISMATCH_KEYS`, one panel each (`tir_rl.mismatch_metrics` names).
+- `mismatch.png`: `MISMATCH_KEYS`, one panel each (`tir_rl.mismatch.metrics` names).
 - `mismatch_by_turn.png`: `mismatch/turn_{k}/k3_kl` (else `.../kl`): the latest step per turn
   and a step x turn heatmap.
 - `mismatch_by_tool_distance.png`: `mismatch/tool_dist_{bucket}/k3_kl` (else `.../kl`),

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tir_rl.collapse_guard import CollapseGuard
 from tir_rl.engine.choice import EngineConfig
 from tir_rl.errors import ConfigError
 from tir_rl.grpo import GRPOLoss
 from tir_rl.mismatch import MismatchCorrection
-from tir_rl.mismatch_injection import MismatchInjection
+from tir_rl.mismatch.guard import CollapseGuard
+from tir_rl.mismatch.injection import MismatchInjection
 from tir_rl.rollout import Rollout
 from tir_rl.sandbox import SandboxConfig
 from tir_rl.trainer import Trainer

@@ -11,7 +11,7 @@ step fine-tunes it on demonstrations first::
 The token ids and loss mask of a demonstration are exactly those a rollout builds for the
 same assistant texts: the same `ChatFormat` (system prompt, tool schemas from
 `ResetInfo.tool_schemas`, default chat config) and the same `Conversation` calls as
-`tir_rl.rollout_episode`. Demonstrations come from the train split only.
+`tir_rl.rollout.episode`. Demonstrations come from the train split only.
 
 Shared prefix: every demonstration of one environment starts with the same system turn
 (hundreds of tokens). With `TrainSection.cache_shared_prefix` its keys and values are

@@ -47,7 +47,7 @@ from tir_rl import distributed as tdist
 from tir_rl.checkpoint import latest_checkpoint, step_folder
 from tir_rl.config import dump, load
 from tir_rl.errors import ConfigError, ParityError, TirError
-from tir_rl.mismatch_injection import MismatchInjection
+from tir_rl.mismatch.injection import MismatchInjection
 from tir_rl.run_config import RunConfig
 from tir_rl.step_metrics import StepOutcome, episode_row, step_row
 from tir_rl.types import Trajectory
@@ -222,10 +222,10 @@ class _TrainLoop:
     """The state of one training run; `run` is the loop."""
 
     def __init__(self, config: RunConfig, runtime: Any, *, resume: bool) -> None:
-        from tir_rl.collapse_guard import CollapseGuard
         from tir_rl.engine.parity import probe_ids_from_text
         from tir_rl.grpo import GRPOLoss
         from tir_rl.metrics import MetricsLogger
+        from tir_rl.mismatch.guard import CollapseGuard
         from tir_rl.runtime import env_factory
         from tir_rl.trainer import Trainer
 

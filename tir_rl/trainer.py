@@ -56,7 +56,6 @@ from torch.utils.checkpoint import checkpoint
 
 from tir_rl import distributed as tdist
 from tir_rl.batch import MicroBatch, Packing, TrainBatch, plan_micro_batches
-from tir_rl.collapse_guard import CollapseGuard, GuardAction, GuardDecision
 from tir_rl.errors import ConfigError
 from tir_rl.grpo import GRPOLoss
 from tir_rl.mismatch import (
@@ -67,6 +66,7 @@ from tir_rl.mismatch import (
     correction,
     mismatch_metrics,
 )
+from tir_rl.mismatch.guard import CollapseGuard, GuardAction, GuardDecision
 from tir_rl.models import resolve_model
 
 logger = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ import torch
 
 from tir_rl.metrics import load_trajectories
 from tir_rl.mismatch import MismatchCorrection
-from tir_rl.mismatch_correction import PRESET_NAMES
+from tir_rl.mismatch.correction import PRESET_NAMES
 
 
 def batch_from(run_dir: Path) -> tuple[torch.Tensor, ...]:

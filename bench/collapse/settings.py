@@ -2,7 +2,7 @@
 
 A suite is a list of settings run with the same seeds (same task stream per seed). Every
 mismatch setting keeps the trainer the faithful fp32 reference and perturbs only the
-sampler (`inject.*`, see `tir_rl.mismatch_injection`).
+sampler (`inject.*`, see `tir_rl.mismatch.injection`).
 """
 
 from __future__ import annotations

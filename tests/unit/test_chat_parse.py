@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tir_rl.chat_parse import (
+from tir_rl.chat.parse import (
     CALL_FORMAT_HINT,
     ParseErrorKind,
     ToolCallParseError,

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from tir_rl.collapse_guard import CollapseGuard, GuardAction
+from tir_rl.mismatch.guard import CollapseGuard, GuardAction
 
 
 def feed(guard: CollapseGuard, values: list[float], name: str = "mismatch/k3_kl"):

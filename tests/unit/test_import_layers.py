@@ -25,21 +25,17 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("sandbox", ("sandbox",)),
     ("tools", ("tools",)),
     ("envs", ("envs",)),
-    ("chat", ("chat", "chat_parse", "chat_conversation", "chat_tokens")),
+    ("chat", ("chat",)),
     ("engine", ("engine",)),
-    ("rollout", ("rollout", "rollout_episode")),
+    ("rollout", ("rollout",)),
     (
         "learning",
         (
             "grpo",
             "mismatch",
-            "mismatch_metrics",
-            "mismatch_correction",
-            "mismatch_injection",
             "batch",
             "trainer",
             "checkpoint",
-            "collapse_guard",
             "collapse_verdict",
             "lab_model",
         ),
@@ -196,7 +192,7 @@ def test_an_upward_import_is_reported(tmp_path):
 
 @pytest.mark.parametrize(
     ("module", "stage"),
-    [("tir_rl", "foundation"), ("tir_rl.envs.multihop", "envs"), ("tir_rl.chat_parse", "chat")],
+    [("tir_rl", "foundation"), ("tir_rl.envs.multihop", "envs"), ("tir_rl.chat.parse", "chat")],
 )
 def test_stage_lookup(module, stage):
     assert STAGES[stage_of(module)][0] == stage

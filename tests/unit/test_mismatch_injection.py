@@ -10,7 +10,7 @@ import torch
 from tir_rl import config
 from tir_rl.engine.vllm_local import VLLMLocalEngine
 from tir_rl.errors import ConfigError
-from tir_rl.mismatch_injection import (
+from tir_rl.mismatch.injection import (
     EMBED_KEY,
     FINAL_NORM_KEY,
     LM_HEAD_KEY,

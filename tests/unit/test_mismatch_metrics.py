@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tir_rl.mismatch import distance_from_tool_response, mismatch_metrics
-from tir_rl.mismatch_metrics import METRIC_EXP_BOUND
+from tir_rl.mismatch.metrics import METRIC_EXP_BOUND
 
 NAN, INF = float("nan"), float("inf")
 

@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from tir_rl.metrics import MetricsLogger, read_metrics
-from tir_rl.mismatch_metrics import mismatch_metrics
+from tir_rl.mismatch.metrics import mismatch_metrics
 from tir_rl.plots import _DIST_KEY, _TURN_KEY, PLOTS_DIR, bucket_table, write_plots
 
 ALL_PLOTS = {

@@ -10,7 +10,7 @@ import pytest
 
 from tir_rl.doctor import Verdict, engine_findings
 from tir_rl.engine import VLLMLocalEngine
-from tir_rl.mismatch_injection import MismatchInjection
+from tir_rl.mismatch.injection import MismatchInjection
 
 pytestmark = pytest.mark.vllm
 

@@ -12,7 +12,7 @@ import torch
 
 from tir_rl.engine import GenerateRequest, VLLMLocalEngine
 from tir_rl.engine.parity import probe_parity, transformers_logprobs
-from tir_rl.mismatch_injection import EMBED_KEY, LM_HEAD_KEY, MismatchInjection
+from tir_rl.mismatch.injection import EMBED_KEY, LM_HEAD_KEY, MismatchInjection
 
 pytestmark = pytest.mark.vllm
 

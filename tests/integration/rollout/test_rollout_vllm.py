@@ -10,7 +10,7 @@ import torch
 from tir_rl.engine.base import GenerateRequest, GenerateResult, ModelInfo
 from tir_rl.engine.parity import transformers_logprobs
 from tir_rl.rollout import EpisodeSpec, Rollout, group_specs
-from tir_rl.rollout_episode import turn_seed
+from tir_rl.rollout.episode import turn_seed
 from tir_rl.types import Message, Role, RolloutStatus
 
 pytestmark = pytest.mark.vllm

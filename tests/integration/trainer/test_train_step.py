@@ -8,8 +8,8 @@ import pytest
 import torch
 from trainer_helpers import make_batch, with_sampler_logprobs
 
-from tir_rl.collapse_guard import CollapseGuard, GuardAction
 from tir_rl.mismatch import MismatchCorrection
+from tir_rl.mismatch.guard import CollapseGuard, GuardAction
 
 
 def params(trainer) -> dict[str, torch.Tensor]:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import pytest
 from gymnasium.error import ResetNeeded
 
-from tir_rl.chat_parse import assistant_message
+from tir_rl.chat.parse import assistant_message
 from tir_rl.envs.answers import ANSWER_INSTRUCTIONS
 from tir_rl.envs.base import NUDGE, ResetInfo, Split, StepInfo, Task, ToolEnv
 from tir_rl.errors import ConfigError

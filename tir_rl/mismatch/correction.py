@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from tir_rl.errors import ConfigError
-from tir_rl.mismatch_metrics import clamped_exp, masked_log_ratio, turn_segments
+from tir_rl.mismatch.metrics import clamped_exp, masked_log_ratio, turn_segments
 
 Bounds = tuple[float, float]
 

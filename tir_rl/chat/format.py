@@ -16,33 +16,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tir_rl.chat_conversation import Conversation, RenderDiff, compare_incremental_with_full
-from tir_rl.chat_parse import (
+from tir_rl.chat.conversation import Conversation
+from tir_rl.chat.parse import (
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
     ParsedTurn,
-    ParseErrorKind,
-    ToolCallParseError,
-    assistant_message,
     parse_assistant_text,
-    tool_result_message,
 )
-from tir_rl.chat_tokens import Piece, Text, Tokenizer, tokenize_pieces
+from tir_rl.chat.tokens import Piece, Text, Tokenizer, tokenize_pieces
 from tir_rl.errors import ChatFormatError
 from tir_rl.types import Message, Role
 
-__all__ = [
-    "ChatFormat",
-    "Conversation",
-    "ParseErrorKind",
-    "ParsedTurn",
-    "RenderDiff",
-    "ToolCallParseError",
-    "compare_incremental_with_full",
-    "assistant_message",
-    "parse_assistant_text",
-    "tool_result_message",
-]
+__all__ = ["ChatFormat"]
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tir_rl.chat_parse import assistant_message
+from tir_rl.chat.parse import assistant_message
 from tir_rl.errors import ChatFormatError
 from tir_rl.types import Message, Role, Trajectory
 

@@ -38,12 +38,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tir_rl.errors import ConfigError
-from tir_rl.rollout_episode import (
+from tir_rl.rollout.episode import (
     EnvFactory,
     Episode,
     EpisodeSpec,
     RolloutConfig,
-    run_blocking,
 )
 from tir_rl.types import Trajectory
 
@@ -51,7 +50,7 @@ if TYPE_CHECKING:
     from tir_rl.chat import ChatFormat
     from tir_rl.engine.base import Engine
 
-__all__ = ["EnvFactory", "EpisodeSpec", "Rollout", "RolloutConfig", "group_specs", "run_blocking"]
+__all__ = ["Rollout", "group_specs"]
 
 
 class Rollout:
@@ -97,7 +96,7 @@ class Rollout:
         """Multi-token stop sequences sent with every request."""
         if self.config.stop_at_tool_call_end:
             from tir_rl.chat import ChatFormat
-            from tir_rl.chat_parse import TOOL_CALL_CLOSE
+            from tir_rl.chat.parse import TOOL_CALL_CLOSE
 
             close_ids = ChatFormat(tokenizer).encode_assistant_text(TOOL_CALL_CLOSE)
             self.stop_token_sequences = (tuple(close_ids),)

@@ -2,8 +2,8 @@
 
 The public names live in two modules and are re-exported here:
 
-- `tir_rl.mismatch_metrics`: `mismatch_metrics(...)`, logged every step under `mismatch/`;
-- `tir_rl.mismatch_correction`: `MismatchCorrection` (with its `Config` and presets),
+- `tir_rl.mismatch.metrics`: `mismatch_metrics(...)`, logged every step under `mismatch/`;
+- `tir_rl.mismatch.correction`: `MismatchCorrection` (with its `Config` and presets),
   `correction(...)` and `CorrectionResult`.
 
 Typical decoupled use inside the trainer (ℓ^old recomputed, no grad)::
@@ -18,7 +18,7 @@ Typical decoupled use inside the trainer (ℓ^old recomputed, no grad)::
 See `docs/mismatch.md` for what each metric means and which correction to pick.
 """
 
-from tir_rl.mismatch_correction import (
+from tir_rl.mismatch.correction import (
     PRESET_NAMES,
     BypassMode,
     CorrectionResult,
@@ -27,7 +27,7 @@ from tir_rl.mismatch_correction import (
     MismatchCorrection,
     correction,
 )
-from tir_rl.mismatch_metrics import (
+from tir_rl.mismatch.metrics import (
     distance_from_tool_response,
     masked_log_ratio,
     mismatch_metrics,

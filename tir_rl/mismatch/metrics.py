@@ -5,7 +5,7 @@ Garbage at masked positions (0.0, NaN, ±inf) is replaced with `torch.where` bef
 reduction, so it can never leak. Metrics are computed in float64 on the unclamped δ, so a
 huge gap (|δ| = 30) is reported as it is; only the argument of `exp` is clamped, to
 ±`METRIC_EXP_BOUND`, where float64 would overflow. The ±20 bound of the IS weights belongs to
-the correction (`mismatch_correction.py`), never to these statistics.
+the correction (`correction.py`), never to these statistics.
 
 Besides the usual batch metrics this reports the same divergences per assistant turn and by
 distance (in model tokens) from the end of the last tool response, and the share of the total
