@@ -28,6 +28,7 @@ import torch
 
 from tir_rl import distributed as tdist
 from tir_rl.config import dump, to_dict
+from tir_rl.engine.weights_io import read_checkpoint_weights
 from tir_rl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -127,6 +128,7 @@ def load(path: str | Path, trainer: Trainer, *, guard: CollapseGuard | None = No
 
     Raises:
         ConfigError: `path` is not a finished checkpoint.
+        ModelError: its model folder holds no weights.
     """
     path = Path(path)
     if not (path / _STATE_FILE).is_file():
@@ -135,10 +137,7 @@ def load(path: str | Path, trainer: Trainer, *, guard: CollapseGuard | None = No
 
     model_state = {}
     if tdist.is_rank0():
-        model_state = _read_safetensors(path / MODEL_DIR)
-        tied = getattr(getattr(trainer.model, "config", None), "tie_word_embeddings", False)
-        if tied and "lm_head.weight" not in model_state:  # save_pretrained drops tied copies
-            model_state["lm_head.weight"] = model_state["model.embed_tokens.weight"]
+        model_state = read_checkpoint_weights(path / MODEL_DIR)  # tied copies restored
     tdist.load_full_model_state_dict(trainer.model, model_state)
     optim_state = (
         torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
@@ -189,18 +188,6 @@ def _unwrapped_class_name(model: torch.nn.Module) -> str:
         if not issubclass(cls, FSDPModule):
             return cls.__name__
     raise AssertionError("unreachable: nn.Module is not an FSDPModule")
-
-
-def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ConfigError(f"No .safetensors files in {folder}.")
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        state.update(load_file(file))
-    return state
 
 
 def _rng_state() -> dict[str, Any]:

@@ -520,14 +520,8 @@ def interrupt_handling() -> contextlib.AbstractContextManager[Rank0InterruptGate
     if world_size() == 1:
         return contextlib.nullcontext()
     if not is_rank0():
-        return _yield_none(sigint_ignored())
+        return sigint_ignored()
     return Rank0InterruptGate().installed()
-
-
-@contextlib.contextmanager
-def _yield_none(context: contextlib.AbstractContextManager[Any]) -> Iterator[None]:
-    with context:
-        yield None
 
 
 def rank0_share(
