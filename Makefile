@@ -1,5 +1,5 @@
 .PHONY: train test test-fast setup lint
-train:  ## set up everything, then run the quickstart training job
+train:  ## set up everything, then run the main job: GRPO on the lab model (configs/lab.yaml)
 	bash scripts/train.sh
 test:   ## set up everything, then run the whole test suite (slow lane included; what CI runs)
 	bash scripts/test.sh

@@ -18,6 +18,7 @@ logger = logging.getLogger("tir_rl")
 _EPILOG_MODELS = """examples:
   tir-rl models prepare            # bundled SmolLM2-135M-Instruct -> local HF checkpoint (once)
   tir-rl models prepare tiny       # tiny random model with the same tokenizer, for tests
+  tir-rl models prepare lab        # the lab model: MultiHop's policy written into a small Llama
   tir-rl models path               # print where the bundled checkpoint lives
 """
 
@@ -135,10 +136,12 @@ def _cmd_models(args: argparse.Namespace) -> int:
     name = args.name or "bundled"
     if name == "tiny":
         path = models.prepare_tiny_model()
+    elif name == "lab":
+        path = models.prepare_lab_model()
     elif name in ("bundled", models.BUNDLED_MODEL_NAME):
         path = models.prepare_bundled_model(force=args.force)
     else:
-        raise TirError(f"Unknown model {name!r}. Choose 'bundled' or 'tiny'.")
+        raise TirError(f"Unknown model {name!r}. Choose 'bundled', 'tiny' or 'lab'.")
     print(path)
     return 0
 
@@ -377,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("action", choices=["prepare", "path"])
-    p.add_argument("name", nargs="?", help="'bundled' (default) or 'tiny'")
+    p.add_argument("name", nargs="?", help="'bundled' (default), 'tiny' or 'lab'")
     p.add_argument("--force", action="store_true", help="rebuild even if already prepared")
     p.set_defaults(func=_cmd_models)
     return parser

@@ -1,225 +1,498 @@
-"""The lab model's initialisation: a small Llama whose first two layers copy from context.
+"""The lab model: MultiHop's policy written into the weights of a three-layer Llama.
 
-Agent tasks at lab scale (MultiHop) are mostly copying: the next tool call names the entity the
-last tool result returned. A small decoder trained from a random init on this machine's budget
-never learned to copy (every from-scratch run stayed at turn accuracy 0). The mechanism that
-copies in trained transformers is known (an induction circuit: a previous-token head feeding an
-induction head), so the lab model starts with one written into its weights and SFT only has to
-learn *where* to copy from and which relation to ask for.
+Training a small decoder from scratch on this machine never taught it to copy an entity name
+from a tool result (docs/lab_model.md), so the lab model is not trained: every weight is set
+by hand, the way a compiler would lay out a program. It is a plain `LlamaForCausalLM` (hidden
+size 256, 4 heads of size 128, 3 layers, the bundled tokenizer and chat template) that vLLM
+serves like any checkpoint, and it plays `tir_rl/MultiHop-v0` greedily without a mistake at
+horizons 1-9. `LabModelSpec.logit_scale` (the final RMSNorm's weight) then scales every logit
+down, so that at temperature 1 a sampled episode fails often enough for RL to have something
+to learn: GRPO must discover that being more confident pays.
 
-Residual stream layout (hidden size d ≥ 256, head size 64):
+How one call is produced (residual subspaces below):
 
-    [0, 64)    token code: a fixed random vector per token, norm 8 (embedding)
-    64         constant 1 (embedding): the previous-token head's query and key read it
-    [65, 129)  previous token's code, written by layer 0 head 0
-    [129, 193) predicted next token's code, written by layer 1 head 0 and read by lm_head
-    [193, d)   free: a fixed random vector per token, for the layers SFT trains
+- layer 0 attention: heads at fixed offsets 1-4 write the previous two tokens' codes and flags
+  for "3 back is `response`", "3 back is `relation`", "4 back is `</`"; its MLP turns these
+  into flags: the first token of a tool result's name, of the question's start entity, the
+  entity and relation slots of a call, the opening `<` of a turn, a numbered line of the
+  question, an `<answer>` opening.
+- layer 1 attention: a head counts tool results so far (it attends evenly to position 0 and to
+  every tool result's first name token; value 1 at position 0 only, so it reads 1/(1+n));
+  its MLP turns the count into one-hot codes for n and n+1. Another head sets "an answer is
+  open".
+- layer 2 attention: the entity head fetches the first token of the latest name (the tool
+  result, or the start entity, in the current count's segment) at an entity slot; the
+  relation head fetches line n+1 of the question at a relation slot; the done head sees that
+  line n+1 does not exist at a turn's opening `<`; the induction head continues a name from
+  its source in the current segment. Its MLP is the grammar of a call and of an answer.
 
-Layer 0 head 0 attends to the previous position: its query and key are constant and the key is
-pre-rotated by one position on the fastest rotary frequencies, so the score peaks at offset 1.
-Layer 1 head 0 is the induction head: its query is the current token's code and its key the
-previous-token code, on the slowest rotary frequencies (position-free with a large rope_theta),
-so it attends to the position after an earlier occurrence of the current token and copies that
-position's token code into the output subspace, which lm_head (rows = token codes) turns into
-logits. Every other weight is random (std `init_std`) and trainable; the embedding and lm_head
-stay frozen so the codes keep their meaning (`FROZEN_PARAMETERS`).
+Outside a slot, the fetch heads attend to `<|im_start|>` tokens, whose value is projected to
+zero. The model writes the start entity and the relation with the question's leading space
+(`" Ada Marsh"`, `" mentor"`); the tools strip whitespace, so the calls are valid.
+Limits: at most 9 relations (the question numbers its lines with one digit), MultiHop's
+system prompt and question wording, and names of at most a few dozen tokens.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tir_rl.errors import ConfigError
 
-TOKEN_CODE = slice(0, 64)
-CONSTANT = 64
-PREVIOUS_CODE = slice(65, 129)
-OUTPUT_CODE = slice(129, 193)
-FREE = 193
-HEAD_SIZE = 64
-CODE_SIZE = 64
+if TYPE_CHECKING:
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
-FROZEN_PARAMETERS = ("model.embed_tokens.weight", "lm_head.weight")
-"""Parameters training must leave alone: they hold the token codes the circuit relies on."""
+HIDDEN = 256
+HEAD_SIZE = 128
+NUM_HEADS = 4
+NUM_LAYERS = 3
+CODE = 48
+"""Width of a token code; the 48 structural tokens get orthonormal codes."""
+CODE_NORM = 8.0
+ROPE_THETA = 1e10
+"""Large, so rotary pairs 32-63 barely turn over a long episode (position-free content)."""
+MAX_HORIZON = 9
+MAX_COUNT = 11
+
+TOK = slice(0, 48)
+ONE = 48
+P1 = slice(49, 97)
+P2 = slice(97, 145)
+OUT = slice(145, 193)
+ORD = slice(193, 205)
+ORD_NEXT = slice(205, 217)
+LINE = slice(217, 229)
+FLAG = {
+    name: 229 + i
+    for i, name in enumerate(
+        (
+            "back3_response",
+            "back3_relation",
+            "back4_close",
+            "position0",
+            "result_name",
+            "start_name",
+            "entity_slot",
+            "relation_slot",
+            "turn_open",
+            "numbered_line",
+            "answer_open",
+            "count",
+            "in_answer",
+            "done",
+        )
+    )
+}
+FAST_PAIRS = range(6)
+FREE_DIMS = [*range(32, 64), *range(96, 128)]
+"""Head dimensions on rotary pairs 32-63: position-free over 10K tokens at ROPE_THETA."""
+
+RELATION_TOKENS = (
+    " employer",
+    " founder",
+    " headquarters",
+    " hometown",
+    " mayor",
+    " mentor",
+    " partner",
+    " rival",
+)
+STRUCTURAL_TOKENS = (
+    "<",
+    "tool",
+    "_",
+    "call",
+    ">",
+    "\n",
+    '{"',
+    "name",
+    '":',
+    ' "',
+    "lookup",
+    '",',
+    "arguments",
+    ' {"',
+    "entity",
+    "relation",
+    '"',
+    "}}",
+    "</",
+    "answer",
+    "<|im_end|>",
+    "<|im_start|>",
+    "ass",
+    "istant",
+    "response",
+    " from",
+    "Start",
+    ".",
+    " (",
+    *map(str, range(1, 10)),
+    " twin",
+    "city",
+    *RELATION_TOKENS,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
 class LabModelSpec:
-    """Shape, seed and circuit strengths of the lab model."""
+    """The lab model's seed and how confident its sampled policy is."""
 
-    hidden_size: int = 256
-    num_layers: int = 4
-    intermediate_size: int = 768
-    rope_theta: float = 1e8
-    """Large, so the slowest rotary pairs barely turn over a 4K context (position-free keys)."""
-    max_positions: int = 4096
-    init_std: float = 0.02
-    """Std of every weight outside the circuit (0: zero, for a circuit-only model)."""
     seed: int = 0
-    previous_token_gain: float = 6.0
-    """Query/key strength of the previous-token head (sharpness of its offset-1 peak)."""
-    previous_token_pairs: int = 6
-    """How many of the fastest rotary pairs the previous-token head uses."""
-    induction_gain: float = 3.0
-    """Query/key strength of the induction head (sharpness of its match)."""
-    induction_pairs: int = 16
-    """How many of the slowest rotary pairs the induction head uses."""
-    previous_code_gain: float = 1.0
-    output_code_gain: float = 2.0
-    token_code_norm: float = 8.0
-
-    @property
-    def num_heads(self) -> int:
-        """Attention heads: the head size is fixed at 64 (the circuit's code width)."""
-        return self.hidden_size // HEAD_SIZE
+    """Seed of the random codes of the non-structural tokens."""
+    logit_scale: float = 0.43
+    """Weight of the final RMSNorm: 1.0 plays almost perfectly at temperature 1; lower values
+    make sampled episodes fail more (0.43 puts pass@1 in 0.2-0.8 at horizons 2-8)."""
+    output_gain: float = 0.5
+    """Strength of one written output code before the logit scale."""
 
     @property
     def dirname(self) -> str:
-        """Folder name that identifies the initialisation in the cache."""
-        shape = f"d{self.hidden_size}-l{self.num_layers}-i{self.intermediate_size}"
-        return f"lab-init-{shape}-s{self.seed}"
+        """Folder name that identifies the model in the cache."""
+        return f"lab-multihop-s{self.seed}-ls{self.logit_scale:g}-g{self.output_gain:g}"
 
     def validate(self) -> None:
-        """Refuse shapes the circuit does not fit in."""
-        if self.hidden_size % HEAD_SIZE or self.hidden_size < 4 * HEAD_SIZE:
-            raise ConfigError(
-                f"lab model hidden_size {self.hidden_size}: must be a multiple of {HEAD_SIZE} "
-                f"and at least {4 * HEAD_SIZE} (the circuit's subspaces take {FREE} dimensions)"
-            )
-        if self.num_layers < 2:
-            raise ConfigError("lab model num_layers must be at least 2 (the circuit uses two)")
-        half = HEAD_SIZE // 2
-        if self.previous_token_pairs + self.induction_pairs > half:
-            raise ConfigError(
-                f"previous_token_pairs + induction_pairs must be at most {half} rotary pairs"
-            )
+        """Refuse values the circuit cannot work with."""
+        if not 0.05 <= self.logit_scale <= 4.0:
+            raise ConfigError(f"lab model logit_scale {self.logit_scale}: choose 0.05..4")
+        if not 0.05 <= self.output_gain <= 4.0:
+            raise ConfigError(f"lab model output_gain {self.output_gain}: choose 0.05..4")
 
 
-def build_lab_model(spec: LabModelSpec, *, vocab_size: int, bos_token_id: int, eos_token_id: int):
-    """A `LlamaForCausalLM` with the copy circuit written in (deterministic for `spec.seed`)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+def build_lab_model(tokenizer: PreTrainedTokenizerBase, spec: LabModelSpec) -> LlamaForCausalLM:
+    """The lab model for `tokenizer` (the bundled one), deterministic for `spec`."""
     spec.validate()
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_heads,
-        max_position_embeddings=spec.max_positions,
-        tie_word_embeddings=False,
-        rope_theta=spec.rope_theta,
-        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
-        bos_token_id=bos_token_id,
-        eos_token_id=eos_token_id,
-        torch_dtype="float32",
-    )
-    gen = torch.Generator().manual_seed(spec.seed)
-    with torch.random.fork_rng():
-        torch.manual_seed(spec.seed)
-        model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() == 2:
-                param.normal_(0.0, spec.init_std, generator=gen) if spec.init_std else param.zero_()
-        _write_codes(model, spec, gen)
-        _write_previous_token_head(model.model.layers[0].self_attn, spec)
-        _write_induction_head(model.model.layers[1].self_attn, spec, gen)
-    return model
+    counts = _Circuit(tokenizer, spec, count_levels=None).measure_count_levels(tokenizer)
+    return _Circuit(tokenizer, spec, count_levels=counts).model
 
 
-def _fixed_norm_rows(rows: int, cols: int, norm: float, gen):
-    import torch
+class _Circuit:
+    """Writes the weights; `count_levels` are the count head's outputs for 0, 1, ... results."""
 
-    codes = torch.randn(rows, cols, generator=gen)
-    return codes / codes.norm(dim=1, keepdim=True) * norm
+    def __init__(self, tokenizer, spec: LabModelSpec, count_levels: list[float] | None) -> None:
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
 
+        self.ids = {}
+        for text in STRUCTURAL_TOKENS:
+            encoded = tokenizer.encode(text, add_special_tokens=False)
+            if len(encoded) != 1:
+                raise ConfigError(f"the lab model needs {text!r} to be one token of the tokenizer")
+            self.ids[text] = encoded[0]
+        vocab = len(tokenizer)
+        gen = torch.Generator().manual_seed(spec.seed)
+        codes = torch.randn(vocab, CODE, generator=gen)
+        basis, _ = torch.linalg.qr(torch.randn(CODE, CODE, generator=gen))
+        codes[torch.tensor(list(self.ids.values()))] = basis[: len(self.ids)]
+        self.codes = codes / codes.norm(dim=1, keepdim=True) * CODE_NORM
+        config = LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=HIDDEN,
+            intermediate_size=128,
+            num_hidden_layers=NUM_LAYERS,
+            num_attention_heads=NUM_HEADS,
+            num_key_value_heads=NUM_HEADS,
+            head_dim=HEAD_SIZE,
+            max_position_embeddings=8192,
+            tie_word_embeddings=False,
+            rope_theta=ROPE_THETA,
+            rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
+            rms_norm_eps=1e-6,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            torch_dtype="float32",
+        )
+        with torch.random.fork_rng():
+            torch.manual_seed(spec.seed)
+            self.model = LlamaForCausalLM(config).eval()
+        self.inverse_frequencies = 1.0 / (
+            ROPE_THETA ** (torch.arange(0, HEAD_SIZE, 2).float() / HEAD_SIZE)
+        )
+        # 1/RMS^2 of the residual at each MLP's input (fixed-norm codes keep it near constant)
+        self.mlp_input_scale = [HIDDEN / 193.0, HIDDEN / 194.0, 1.0]
+        self.units_used = [0] * NUM_LAYERS
+        self.gain = spec.output_gain
+        with torch.no_grad():
+            for param in self.model.parameters():
+                if param.dim() == 2:
+                    param.zero_()
+            self._write(spec, count_levels)
+            for layer in self.model.model.layers:  # undo attention's 1/sqrt(head size)
+                layer.self_attn.q_proj.weight *= math.sqrt(HEAD_SIZE)
 
-def _write_codes(model, spec: LabModelSpec, gen) -> None:
-    vocab = model.config.vocab_size
-    codes = _fixed_norm_rows(vocab, CODE_SIZE, spec.token_code_norm, gen)
-    free = spec.hidden_size - FREE
-    embedding = model.model.embed_tokens.weight
-    embedding.zero_()
-    embedding[:, TOKEN_CODE] = codes
-    embedding[:, CONSTANT] = 1.0
-    embedding[:, FREE:] = _fixed_norm_rows(vocab, free, math.sqrt(free), gen)
-    head = model.lm_head.weight
-    head.zero_()
-    head[:, OUTPUT_CODE] = codes
-    for layer in model.model.layers[:2]:  # head 0 of each circuit layer starts clean
-        attn = layer.self_attn
-        for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
-            proj.weight[:HEAD_SIZE] = 0.0
-        attn.o_proj.weight[:, :HEAD_SIZE] = 0.0
+    # ------------------------------------------------------------------ residual vectors
+    def code(self, text: str):
+        return self.codes[self.ids[text]]
 
+    def reads(self, space: slice, text: str):
+        """A read vector that gives 1 (before RMSNorm) where `space` holds `text`'s code."""
+        import torch
 
-def _inverse_frequencies(spec: LabModelSpec):
-    import torch
+        v = torch.zeros(HIDDEN)
+        v[space] = self.code(text) / CODE_NORM**2
+        return v
 
-    return 1.0 / (spec.rope_theta ** (torch.arange(0, HEAD_SIZE, 2).float() / HEAD_SIZE))
+    def axis(self, index: int, weight: float = 1.0):
+        import torch
 
+        v = torch.zeros(HIDDEN)
+        v[index] = weight
+        return v
 
-def _copy_token_code(attn, into: slice, gain: float) -> None:
-    for j in range(CODE_SIZE):
-        attn.v_proj.weight[j, TOKEN_CODE.start + j] = 1.0
-        attn.o_proj.weight[into.start + j, j] = gain
+    def flag(self, name: str, weight: float = 1.0):
+        return self.axis(FLAG[name], weight)
 
+    def emits(self, text: str, gain: float):
+        import torch
 
-def _write_previous_token_head(attn, spec: LabModelSpec) -> None:
-    # Llama's rotary embedding pairs dimension i with i + HEAD_SIZE/2. A key pre-rotated by one
-    # step of pair i makes q·k largest when the key sits one position before the query.
-    half = HEAD_SIZE // 2
-    inv = _inverse_frequencies(spec)
-    a = spec.previous_token_gain
-    for i in range(spec.previous_token_pairs):
-        attn.q_proj.weight[i, CONSTANT] = a
-        attn.k_proj.weight[i, CONSTANT] = a * math.cos(float(inv[i]))
-        attn.k_proj.weight[i + half, CONSTANT] = a * math.sin(float(inv[i]))
-    _copy_token_code(attn, PREVIOUS_CODE, spec.previous_code_gain)
+        v = torch.zeros(HIDDEN)
+        v[OUT] = self.code(text) * gain
+        return v
 
+    # ------------------------------------------------------------------ attention pieces
+    def attention(self, layer: int):
+        return self.model.model.layers[layer].self_attn
 
-def _write_induction_head(attn, spec: LabModelSpec, gen) -> None:
-    import torch
+    def offset_head(self, layer: int, head: int, offset: int, strength: float = 6.0) -> None:
+        """Attend `offset` positions back: the key is pre-rotated on the fastest pairs."""
+        attn = self.attention(layer)
+        for i in FAST_PAIRS:
+            angle = offset * float(self.inverse_frequencies[i])
+            attn.q_proj.weight[head * HEAD_SIZE + i, ONE] = strength
+            attn.k_proj.weight[head * HEAD_SIZE + i, ONE] = strength * math.cos(angle)
+            attn.k_proj.weight[head * HEAD_SIZE + i + HEAD_SIZE // 2, ONE] = strength * math.sin(
+                angle
+            )
 
-    half = HEAD_SIZE // 2
-    n = spec.induction_pairs
-    slow_dims = [*range(half - n, half), *range(HEAD_SIZE - n, HEAD_SIZE)]
-    mix = torch.randn(2 * n, CODE_SIZE, generator=gen) / math.sqrt(CODE_SIZE)
-    b = spec.induction_gain
-    for row, dim in enumerate(slow_dims):
-        attn.q_proj.weight[dim, TOKEN_CODE] = b * mix[row]
-        attn.k_proj.weight[dim, PREVIOUS_CODE] = b * mix[row]
-    _copy_token_code(attn, OUTPUT_CODE, spec.output_code_gain)
+    def copy_token(self, layer: int, head: int, into: slice, gain: float, *, zero_sink: bool):
+        """Value = the attended token's code (minus its `<|im_start|>` part with zero_sink)."""
+        import torch
 
+        attn = self.attention(layer)
+        mix = torch.eye(CODE)
+        if zero_sink:
+            u = self.code("<|im_start|>") / CODE_NORM
+            mix = mix - torch.outer(u, u)
+        rows = slice(head * HEAD_SIZE, head * HEAD_SIZE + CODE)
+        attn.v_proj.weight[rows, TOK] = mix
+        attn.o_proj.weight[into, rows] = gain * torch.eye(CODE)
 
-def copy_accuracy(model, *, context: int, span: int, rows: int = 8, seed: int = 0) -> float:
-    """Greedy accuracy at repeating a random `span` seen once earlier in a random `context`.
+    def copy_scalar(self, layer: int, head: int, read, into: int, gain: float, slot: int = 0):
+        attn = self.attention(layer)
+        row = head * HEAD_SIZE + 100 + slot  # value dims 100+ are free in every head
+        attn.v_proj.weight[row] = read
+        attn.o_proj.weight[into, row] = gain
 
-    Each row is random tokens with one span planted twice (after the same marker token); the
-    score is over the second copy's tokens. 1.0 means the circuit copies.
-    """
-    import torch
+    def score(self, layer: int, head: int, slot: int, query, key) -> int:
+        """Add (query·x_i)(key·x_j) to the head's score on position-free dim `slot`."""
+        attn = self.attention(layer)
+        row = head * HEAD_SIZE + FREE_DIMS[slot]
+        attn.q_proj.weight[row] += query
+        attn.k_proj.weight[row] += key
+        return slot + 1
 
-    gen = torch.Generator().manual_seed(seed)
-    vocab = model.config.vocab_size
-    low = min(1000, vocab // 2)
-    ids = torch.randint(low, vocab, (rows, context), generator=gen)
-    scored = torch.zeros(rows, context, dtype=torch.bool)
-    marker = low - 1
-    for r in range(rows):
-        text = torch.randint(low, vocab, (span,), generator=gen)
-        first = int(torch.randint(1, context // 2 - span, (), generator=gen))
-        second = int(torch.randint(context // 2, context - span - 1, (), generator=gen))
-        ids[r, first - 1] = marker
-        ids[r, first : first + span] = text
-        ids[r, second] = marker
-        ids[r, second + 1 : second + 1 + span] = text
-        scored[r, second + 1 : second + 1 + span] = True
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[:, :-1]
-    predicted = logits.argmax(-1)[scored[:, 1:]]
-    return float((predicted == ids[:, 1:][scored[:, 1:]]).float().mean())
+    def score_match(self, layer: int, head: int, slot: int, query_space, key_space, size, w):
+        """Add w·(x_i[query_space]·x_j[key_space]) over `size` dims."""
+        for i in range(size):
+            self.score(
+                layer,
+                head,
+                slot + i,
+                self.axis(query_space.start + i, w),
+                self.axis(key_space.start + i, 1.0),
+            )
+        return slot + size
+
+    # ------------------------------------------------------------------ MLP pieces
+    def unit(self, layer: int, terms, need: float, out, sharpness: float = 60.0) -> None:
+        """Writes `out` when the sum of matched terms (each ~its weight) reaches `need`."""
+        mlp = self.model.model.layers[layer].mlp
+        u = self.units_used[layer]
+        self.units_used[layer] += 1
+        gate = sum(w * v for v, w in terms) - (need - 0.5) * self.axis(ONE)
+        mlp.gate_proj.weight[u] = sharpness * gate
+        mlp.up_proj.weight[u, ONE] = 1.0
+        mlp.down_proj.weight[:, u] = out / (sharpness * 0.5 * self.mlp_input_scale[layer])
+
+    def ramp(self, layer: int, read, at: float, out, sharpness: float = 2000.0) -> None:
+        """Writes `out * max(read - at, 0)`.
+
+        The bias goes through the constant axis, so the break point survives RMSNorm.
+        """
+        mlp = self.model.model.layers[layer].mlp
+        u = self.units_used[layer]
+        self.units_used[layer] += 1
+        mlp.gate_proj.weight[u] = sharpness * (read - at * self.axis(ONE))
+        mlp.up_proj.weight[u, ONE] = 1.0
+        mlp.down_proj.weight[:, u] = out / (sharpness * self.mlp_input_scale[layer])
+
+    # ------------------------------------------------------------------ the program
+    def _write(self, spec: LabModelSpec, count_levels: list[float] | None) -> None:
+        import torch
+
+        m = self.model
+        R, fl = self.reads, self.flag
+        embedding_scale = math.sqrt(HIDDEN / (CODE_NORM**2 + 1))  # 1/RMS of an embedding
+        m.model.embed_tokens.weight[:, TOK] = self.codes
+        m.model.embed_tokens.weight[:, ONE] = 1.0
+        m.lm_head.weight[:, OUT] = self.codes
+        m.model.norm.weight.fill_(spec.logit_scale)
+
+        # layer 0 attention: what sits 1, 2, 3 and 4 positions back
+        for head, offset in enumerate((1, 2, 3, 4)):
+            self.offset_head(0, head, offset)
+        self.copy_token(0, 0, P1, 1 / embedding_scale, zero_sink=False)
+        self.copy_token(0, 1, P2, 1 / embedding_scale, zero_sink=False)
+        self.copy_scalar(0, 2, R(TOK, "response"), FLAG["back3_response"], 1 / embedding_scale)
+        self.copy_scalar(0, 2, R(TOK, "relation"), FLAG["back3_relation"], 1 / embedding_scale, 1)
+        self.copy_scalar(0, 3, R(TOK, "</"), FLAG["back4_close"], 1 / embedding_scale)
+
+        # layer 0 MLP: flags
+        def flag_unit(terms, out):
+            self.unit(0, terms, len(terms), out)
+
+        flag_unit([(R(TOK, "<|im_start|>"), 1), (R(P1, "<|im_start|>"), 1)], fl("position0"))
+        flag_unit([(R(P1, "\n"), 1), (fl("back3_response"), 1)], fl("result_name"))
+        flag_unit([(R(P1, " from"), 1), (R(P2, "Start"), 1)], fl("start_name"))
+        flag_unit([(R(TOK, ' "'), 1), (R(P2, "entity"), 1)], fl("entity_slot"))
+        flag_unit([(R(TOK, ">"), 1), (R(P1, "answer"), 1), (R(P2, "<"), 1)], fl("entity_slot"))
+        flag_unit([(R(TOK, ' "'), 1), (R(P2, "relation"), 1)], fl("relation_slot"))
+        flag_unit([(R(TOK, "<"), 1), (R(P1, "\n"), 1), (R(P2, "istant"), 1)], fl("turn_open"))
+        flag_unit([(R(TOK, "answer"), 1), (R(P1, "<"), 1), (R(P2, "\n"), 1)], fl("answer_open"))
+        for digit in range(1, MAX_HORIZON + 1):
+            out = fl("numbered_line") + self.axis(LINE.start + digit)
+            flag_unit([(R(P1, "."), 1), (R(P2, str(digit)), 1)], out)
+
+        # layer 1 attention: count tool results; is an answer open
+        self.score(1, 0, 0, self.axis(ONE, 25.0), fl("result_name") + fl("position0"))
+        self.copy_scalar(1, 0, fl("position0"), FLAG["count"], 1.0)
+        slot = self.score(1, 1, 0, self.axis(ONE, 40.0), fl("answer_open"))
+        self.score(1, 1, slot, self.axis(ONE, 20.0), R(TOK, "<|im_start|>"))
+        self.copy_scalar(1, 1, fl("answer_open"), FLAG["in_answer"], 1.0)
+
+        # layer 1 MLP: count -> one-hot codes of n (ORD) and n + 1 (ORD_NEXT), piecewise linear
+        levels = count_levels or [1.15 / (1 + n) for n in range(MAX_COUNT + 1)]
+        levels = [*levels, 2 * levels[-1] - levels[-2]]
+        for space, shift in ((ORD, 0), (ORD_NEXT, 1)):
+
+            def one_hot(n, space=space, shift=shift):
+                v = torch.zeros(HIDDEN)
+                if n <= MAX_COUNT and n + shift < space.stop - space.start:
+                    v[space.start + n + shift] = 1.0
+                return v
+
+            previous_slope = torch.zeros(HIDDEN)
+            for n in range(len(levels) - 1, 0, -1):  # ascending levels: n = last ... 1
+                low, high = levels[n], levels[n - 1]
+                slope = (one_hot(n - 1) - one_hot(n)) / (high - low)
+                self.ramp(1, fl("count"), low, slope - previous_slope)
+                previous_slope = slope
+
+        # layer 2 attention: fetch the entity, the relation, done; continue a name
+        u = 40.0
+        sink = R(TOK, "<|im_start|>")
+        slot = self.score_match(2, 0, 0, ORD, ORD, 12, u)  # same segment
+        slot = self.score(2, 0, slot, fl("entity_slot", u), fl("result_name") + fl("start_name"))
+        self.score(2, 0, slot, self.axis(ONE, 0.5 * u), sink)
+        self.copy_token(2, 0, OUT, 2 * self.gain, zero_sink=True)
+        for head, slot_flag in ((1, "relation_slot"), (2, "turn_open")):
+            slot = self.score_match(2, head, 0, ORD_NEXT, LINE, 12, u)
+            slot = self.score(2, head, slot, fl(slot_flag, u), fl("numbered_line"))
+            self.score(2, head, slot, self.axis(ONE, 1.5 * u), sink)
+        self.copy_token(2, 1, OUT, 2 * self.gain, zero_sink=True)
+        self.copy_scalar(2, 2, sink, FLAG["done"], 1.0)
+        for i in range(CODE):  # induction: the key's previous token is the query's token
+            self.score(2, 3, i, self.axis(TOK.start + i, u / CODE_NORM**2), self.axis(P1.start + i))
+        slot = self.score_match(2, 3, CODE, ORD, ORD, 12, u)
+        self.score(2, 3, slot, self.axis(ONE, 0.5 * u), sink)
+        self.copy_token(2, 3, OUT, self.gain, zero_sink=True)
+
+        # layer 2 MLP: the grammar of a call and of an answer
+        def rule(terms, next_token):
+            self.unit(
+                2, terms, sum(w for _, w in terms if w > 0), self.emits(next_token, 2 * self.gain)
+            )
+
+        rule([(R(TOK, "\n"), 1), (R(P1, "istant"), 1)], "<")
+        rule([(fl("turn_open"), 1), (fl("done"), -1)], "tool")
+        rule([(fl("turn_open"), 1), (fl("done"), 1)], "answer")
+        rule([(R(TOK, "tool"), 1)], "_")
+        rule([(R(TOK, "_"), 1), (R(P1, "tool"), 1)], "call")
+        rule([(R(TOK, "call"), 1)], ">")
+        rule([(R(TOK, ">"), 1), (R(P1, "call"), 1), (fl("back4_close"), -1)], "\n")
+        rule([(R(TOK, ">"), 1), (R(P1, "call"), 1), (fl("back4_close"), 1)], "<|im_end|>")
+        rule([(R(TOK, "\n"), 1), (R(P1, ">"), 1)], '{"')
+        rule([(R(TOK, '{"'), 1)], "name")
+        rule([(R(TOK, "name"), 1), (R(P1, '{"'), 1)], '":')
+        rule([(R(TOK, '":'), 1), (R(P1, "name"), 1)], ' "')
+        rule([(R(TOK, ' "'), 1), (R(P1, '":'), 1), (R(P2, "name"), 1)], "lookup")
+        rule([(R(TOK, "lookup"), 1)], '",')
+        rule([(R(TOK, '",'), 1)], ' "')
+        rule([(R(TOK, ' "'), 1), (R(P1, '",'), 1), (R(P2, "lookup"), 1)], "arguments")
+        rule([(R(TOK, ' "'), 1), (R(P1, '",'), 1), (R(P2, "lookup"), -1)], "relation")
+        rule([(R(TOK, "arguments"), 1)], '":')
+        rule([(R(TOK, '":'), 1), (R(P1, "arguments"), 1)], ' {"')
+        rule([(R(TOK, ' {"'), 1)], "entity")
+        rule([(R(TOK, "entity"), 1), (R(P1, ' {"'), 1)], '":')
+        rule([(R(TOK, '":'), 1), (R(P1, "entity"), 1)], ' "')
+        rule([(R(TOK, "relation"), 1), (R(P1, ' "'), 1)], '":')
+        rule([(R(TOK, '":'), 1), (R(P1, "relation"), 1)], ' "')
+        for relation in RELATION_TOKENS:
+            rule([(R(TOK, relation), 1), (fl("back3_relation"), 1)], '"')
+        rule([(R(TOK, " twin"), 1), (fl("back3_relation"), 1)], "_")
+        rule([(R(TOK, "_"), 1), (R(P1, " twin"), 1)], "city")
+        rule([(R(TOK, "city"), 1), (R(P1, "_"), 1)], '"')
+        rule([(R(TOK, '"'), 1)], "}}")
+        rule([(R(TOK, "}}"), 1)], "\n")
+        rule([(R(TOK, "\n"), 1), (R(P1, "}}"), 1)], "</")
+        rule([(R(TOK, "</"), 1), (R(P1, "\n"), 1), (fl("in_answer"), -1)], "tool")
+        rule([(R(TOK, "</"), 1), (fl("in_answer"), 1)], "answer")
+        rule([(R(TOK, "answer"), 1), (R(P1, "<"), 1)], ">")
+        rule([(R(TOK, "answer"), 1), (R(P1, "</"), 1)], ">")
+        rule([(R(TOK, ">"), 1), (R(P1, "answer"), 1), (R(P2, "</"), 1)], "<|im_end|>")
+        # the end of a copied name: its source is followed by a line break or " ("
+        not_a_name = [
+            (fl("back3_relation"), -1),
+            (fl("entity_slot"), -1),
+            (fl("relation_slot"), -1),
+            (R(TOK, "city"), -1),
+        ]
+        copied = 1.0 / self.gain  # OUT holds gain * code where the induction head copied
+        for end in ("\n", " ("):
+            self.unit(
+                2,
+                [(R(OUT, end), copied), (fl("in_answer"), -1), *not_a_name],
+                1.1,
+                self.emits('",', 3 * self.gain),
+            )
+        self.unit(
+            2,
+            [(R(OUT, "\n"), copied), (fl("in_answer"), 1), *not_a_name],
+            2.1,
+            self.emits("</", 3 * self.gain),
+        )
+
+    def measure_count_levels(self, tokenizer) -> list[float]:
+        """The count head's output after 0, 1, ... tool results, from a synthetic episode."""
+        import torch
+
+        turns = "".join(
+            f"<|im_start|>tool\n<tool_response>\nName{i}\n</tool_response><|im_end|>\n"
+            for i in range(MAX_HORIZON)
+        )
+        ids = tokenizer.encode(
+            "<|im_start|>system\nx<|im_end|>\n" + turns, add_special_tokens=False
+        )
+        with torch.no_grad():
+            states = self.model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+        count = states.hidden_states[2][0, :, FLAG["count"]]
+        response, newline = self.ids["response"], self.ids["\n"]
+        starts = [i for i in range(3, len(ids)) if ids[i - 1] == newline and ids[i - 3] == response]
+        levels = [float(count[1])] + [float(count[p]) for p in starts]
+        # beyond the measured counts, 1/level grows linearly (n results + a position-0 weight)
+        step = 1 / levels[-1] - 1 / levels[-2]
+        while len(levels) < MAX_COUNT + 1:
+            levels.append(1 / (1 / levels[-1] + step))
+        return levels

@@ -16,8 +16,12 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tir_rl.errors import ModelError
+
+if TYPE_CHECKING:
+    from tir_rl.lab_model import LabModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +141,28 @@ def prepare_tiny_model(spec: TinyModelSpec = TinyModelSpec(), dest: Path | None 
     return dest
 
 
+def prepare_lab_model(spec: LabModelSpec | None = None, dest: Path | None = None) -> Path:
+    """Build (once) the lab model: MultiHop's policy written into a small Llama.
+
+    Args:
+        spec: its seed and logit scale (`tir_rl.lab_model.LabModelSpec`).
+        dest: target folder; defaults to a folder named after `spec` in `models_dir()`.
+    """
+    from tir_rl.lab_model import LabModelSpec, build_lab_model
+
+    spec = spec or LabModelSpec()
+    dest = Path(dest) if dest is not None else models_dir() / spec.dirname
+    if is_prepared(dest):
+        return dest
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(prepare_bundled_model())
+    logger.info("Writing the lab model into %s", dest)
+    model = build_lab_model(tokenizer, spec)
+    _save_atomically(dest, model, tokenizer, source=f"tir_rl.lab_model {spec}")
+    return dest
+
+
 def _save_atomically(dest: Path, model, tokenizer, *, source: str) -> None:
     """Save into a temporary sibling folder, then rename, so a crash never leaves half a model."""
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -158,16 +184,20 @@ def resolve_model(name_or_path: str) -> Path:
     """Turn a config's model value into a local checkpoint folder.
 
     `bundled` (or the bundled model's name) prepares the bundled model; `tiny` prepares the
-    default tiny test model; anything else must be an existing local folder.
+    default tiny test model; `lab` the lab model; anything else must be an existing local
+    folder.
     """
     if name_or_path in ("bundled", BUNDLED_MODEL_NAME):
         return prepare_bundled_model()
     if name_or_path == "tiny":
         return prepare_tiny_model()
+    if name_or_path == "lab":
+        return prepare_lab_model()
     path = Path(name_or_path).expanduser()
     if not (path / "config.json").is_file():
         raise ModelError(
-            f"Model {name_or_path!r} is neither 'bundled', 'tiny' nor a folder with a config.json. "
+            f"Model {name_or_path!r} is neither 'bundled', 'tiny', 'lab' nor a folder with a "
+            "config.json. "
             "Point model.path at a local Hugging Face checkpoint, or run `tir-rl models prepare`."
         )
     return path

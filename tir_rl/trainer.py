@@ -42,10 +42,12 @@ micro-batches; the shorter ones run empty passes so the collectives stay matched
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import logging
 import math
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -56,7 +58,7 @@ from torch.utils.checkpoint import checkpoint
 
 from tir_rl import distributed as tdist
 from tir_rl.batch import MicroBatch, Packing, TrainBatch, plan_micro_batches
-from tir_rl.errors import ConfigError
+from tir_rl.errors import ConfigError, did_you_mean
 from tir_rl.grpo import GRPOLoss
 from tir_rl.mismatch import (
     BypassMode,
@@ -137,6 +139,21 @@ class _UpdatePass:
     """Per micro-batch, on the device: [1 + len(metric_names)], its loss-token count first."""
 
 
+def _freeze_all_but(model: nn.Module, patterns: Sequence[str]) -> None:
+    """Leave only the parameters whose names match one of `patterns` trainable (all if none)."""
+    if not patterns:
+        return
+    names = [name for name, _ in model.named_parameters()]
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
+            raise ConfigError(
+                f"trainer.train_only pattern {pattern!r} matches no parameter of the model "
+                f"(names look like {names[0]!r}).{did_you_mean(pattern, names)}"
+            )
+    for name, param in model.named_parameters():
+        param.requires_grad_(any(fnmatch.fnmatchcase(name, p) for p in patterns))
+
+
 class Trainer:
     """Holds the policy model and its optimizer on this rank; runs GRPO steps."""
 
@@ -182,6 +199,10 @@ class Trainer:
         """Recompute activations in backward to save memory."""
         attn_implementation: str = "sdpa"
         """transformers attention kernel; must honour position_ids packing (sdpa, flash)."""
+        train_only: tuple[str, ...] = ()
+        """Names of the parameters to train, as fnmatch patterns (`model.norm.weight`,
+        `model.layers.2.*`); empty trains every parameter. The others stay frozen (no
+        gradient, no optimizer state). A pattern that matches no parameter is refused."""
         seed: int = 0
         """Seeds python, numpy and torch at construction."""
         device: str = "auto"
@@ -231,6 +252,7 @@ class Trainer:
             attn_implementation=self.config.attn_implementation,
         )
         model.config.use_cache = False
+        _freeze_all_but(model, self.config.train_only)
         if self.config.grad_checkpointing:
             model.gradient_checkpointing_enable()
         model.to(self.device)

@@ -22,6 +22,13 @@ def test_the_quickstart_config_passes_every_static_check():
     assert set(verdicts(config).values()) == {Verdict.PASS}
 
 
+def test_the_lab_config_fails_no_static_check_and_only_warns_about_prefix_caching():
+    config = load(RunConfig, "configs/lab.yaml")
+    found = verdicts(config, tied=False)
+    assert Verdict.FAIL not in found.values()
+    assert {check for check, v in found.items() if v is Verdict.WARN} == {"prefix caching"}
+
+
 def test_each_known_source_of_mismatch_is_flagged_with_a_fix():
     config = load(
         RunConfig,

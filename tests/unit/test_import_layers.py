@@ -20,7 +20,10 @@ ROOT = Path(__file__).resolve().parents[2]
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "foundation",
-        ("tir_rl", "errors", "types", "config", "process_owner", "models", "distributed"),
+        (
+            "tir_rl", "errors", "types", "config", "process_owner", "models", "lab_model",
+            "distributed",
+        ),
     ),
     ("sandbox", ("sandbox",)),
     ("tools", ("tools",)),
@@ -37,7 +40,6 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "trainer",
             "checkpoint",
             "collapse_verdict",
-            "lab_model",
         ),
     ),
     ("reporting", ("metrics", "step_metrics", "eval_stats", "plots", "viewer", "viewer_style")),

@@ -175,3 +175,25 @@ def test_tf32_is_an_explicit_cuda_setting_refused_on_the_cpu(make_trainer, devic
         assert torch.get_float32_matmul_precision() == "highest"
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def test_train_only_moves_the_named_parameters_and_nothing_else(make_trainer):
+    trainer = make_trainer(train_only=("model.norm.weight", "model.layers.1.*"))
+    batch = make_batch()
+    batch = with_sampler_logprobs(batch, trainer.compute_logprobs(batch))
+    before = params(trainer)
+    assert not trainer.train_step(batch, torch.tensor([1.0, -1.0, 0.5, -0.5])).skipped
+    moved = {
+        name for name, p in trainer.model.named_parameters() if not torch.equal(p, before[name])
+    }
+    assert "model.norm.weight" in moved
+    assert any(name.startswith("model.layers.1.") for name in moved)
+    assert all(name == "model.norm.weight" or name.startswith("model.layers.1.") for name in moved)
+    assert len(trainer.optimizer.param_groups[0]["params"]) < len(before)
+
+
+def test_a_train_only_pattern_that_matches_nothing_is_refused(make_trainer):
+    from tir_rl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="matches no parameter.*Did you mean 'model.norm.weight'"):
+        make_trainer(train_only=("model.norm.weights",))
