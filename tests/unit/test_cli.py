@@ -21,7 +21,7 @@ def test_console_script_help_runs():
 
 def test_unknown_model_is_a_clear_error(capsys):
     assert main(["models", "prepare", "gpt-17"]) == 2
-    assert "Choose 'bundled' or 'tiny'" in capsys.readouterr().err
+    assert "Choose 'bundled', 'tiny' or 'lab'" in capsys.readouterr().err
 
 
 def test_missing_required_option_exits_with_usage():
