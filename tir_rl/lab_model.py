@@ -164,14 +164,15 @@ class LabModelSpec:
 def build_lab_model(tokenizer: PreTrainedTokenizerBase, spec: LabModelSpec) -> LlamaForCausalLM:
     """The lab model for `tokenizer` (the bundled one), deterministic for `spec`."""
     spec.validate()
-    counts = _Circuit(tokenizer, spec, count_levels=None).measure_count_levels(tokenizer)
-    return _Circuit(tokenizer, spec, count_levels=counts).model
+    circuit = _Circuit(tokenizer, spec)
+    circuit.write_count_codes(circuit.measure_count_levels(tokenizer))
+    return circuit.model
 
 
 class _Circuit:
-    """Writes the weights; `count_levels` are the count head's outputs for 0, 1, ... results."""
+    """Writes the weights; the count codes start from estimated count levels."""
 
-    def __init__(self, tokenizer, spec: LabModelSpec, count_levels: list[float] | None) -> None:
+    def __init__(self, tokenizer, spec: LabModelSpec) -> None:
         import torch
         from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -218,7 +219,7 @@ class _Circuit:
             for param in self.model.parameters():
                 if param.dim() == 2:
                     param.zero_()
-            self._write(spec, count_levels)
+            self._write(spec)
             for layer in self.model.model.layers:  # undo attention's 1/sqrt(head size)
                 layer.self_attn.q_proj.weight *= math.sqrt(HEAD_SIZE)
 
@@ -329,9 +330,7 @@ class _Circuit:
         mlp.down_proj.weight[:, u] = out / (sharpness * self.mlp_input_scale[layer])
 
     # ------------------------------------------------------------------ the program
-    def _write(self, spec: LabModelSpec, count_levels: list[float] | None) -> None:
-        import torch
-
+    def _write(self, spec: LabModelSpec) -> None:
         m = self.model
         R, fl = self.reads, self.flag
         embedding_scale = math.sqrt(HIDDEN / (CODE_NORM**2 + 1))  # 1/RMS of an embedding
@@ -372,23 +371,7 @@ class _Circuit:
         self.score(1, 1, slot, self.axis(ONE, 20.0), R(TOK, "<|im_start|>"))
         self.copy_scalar(1, 1, fl("answer_open"), FLAG["in_answer"], 1.0)
 
-        # layer 1 MLP: count -> one-hot codes of n (ORD) and n + 1 (ORD_NEXT), piecewise linear
-        levels = count_levels or [1.15 / (1 + n) for n in range(MAX_COUNT + 1)]
-        levels = [*levels, 2 * levels[-1] - levels[-2]]
-        for space, shift in ((ORD, 0), (ORD_NEXT, 1)):
-
-            def one_hot(n, space=space, shift=shift):
-                v = torch.zeros(HIDDEN)
-                if n <= MAX_COUNT and n + shift < space.stop - space.start:
-                    v[space.start + n + shift] = 1.0
-                return v
-
-            previous_slope = torch.zeros(HIDDEN)
-            for n in range(len(levels) - 1, 0, -1):  # ascending levels: n = last ... 1
-                low, high = levels[n], levels[n - 1]
-                slope = (one_hot(n - 1) - one_hot(n)) / (high - low)
-                self.ramp(1, fl("count"), low, slope - previous_slope)
-                previous_slope = slope
+        self.write_count_codes([1.15 / (1 + n) for n in range(MAX_COUNT + 1)])
 
         # layer 2 attention: fetch the entity, the relation, done; continue a name
         u = 40.0
@@ -473,6 +456,34 @@ class _Circuit:
             2.1,
             self.emits("</", 3 * self.gain),
         )
+
+    def write_count_codes(self, levels: list[float]) -> None:
+        """Layer 1 MLP: the count head's output -> one-hot codes of n and n + 1.
+
+        Piecewise linear between `levels`, the head's outputs after 0, 1, ... tool results.
+        """
+        import torch
+
+        mlp = self.model.model.layers[1].mlp
+        with torch.no_grad():
+            for proj in (mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+                proj.weight.zero_()
+            self.units_used[1] = 0
+            levels = [*levels, 2 * levels[-1] - levels[-2]]
+            for space, shift in ((ORD, 0), (ORD_NEXT, 1)):
+
+                def one_hot(n, space=space, shift=shift):
+                    v = torch.zeros(HIDDEN)
+                    if n <= MAX_COUNT and n + shift < space.stop - space.start:
+                        v[space.start + n + shift] = 1.0
+                    return v
+
+                previous_slope = torch.zeros(HIDDEN)
+                for n in range(len(levels) - 1, 0, -1):  # ascending levels: n = last ... 1
+                    low, high = levels[n], levels[n - 1]
+                    slope = (one_hot(n - 1) - one_hot(n)) / (high - low)
+                    self.ramp(1, self.flag("count"), low, slope - previous_slope)
+                    previous_slope = slope
 
     def measure_count_levels(self, tokenizer) -> list[float]:
         """The count head's output after 0, 1, ... tool results, from a synthetic episode."""
