@@ -27,7 +27,7 @@ logits are cast to float32 before the log-softmax, entropy and loss.
 
 The trainer's logprob of completion token t comes from the logits at position t − 1 over the
 full prompt + completion context (all turns), divided by the sampler's temperature, through
-log_softmax in float32 (`chunked_token_logprobs`: rows in chunks, no float32 [n, V]
+log_softmax in float32 (`token_stats`: rows in chunks, no float32 [n, V]
 tensor). lm_head runs only at the positions whose logprob is used (`logits_to_keep`): every
 completion token in `compute_logprobs`, the model tokens (loss mask 1) alone in the update
 pass, since tool and rendered tokens enter neither the loss nor the mismatch metrics.
@@ -47,14 +47,13 @@ import logging
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from tir_rl import distributed as tdist
 from tir_rl.batch import MicroBatch, Packing, TrainBatch, plan_micro_batches
@@ -70,6 +69,7 @@ from tir_rl.mismatch import (
 )
 from tir_rl.mismatch.guard import CollapseGuard, GuardAction, GuardDecision
 from tir_rl.models import resolve_model
+from tir_rl.token_stats import token_stats
 
 logger = logging.getLogger(__name__)
 
@@ -319,25 +319,22 @@ class Trainer:
         self, mb: MicroBatch, *, entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """[n] token logprobs (grad if enabled) and, if asked, [n] detached entropies."""
-        keep = torch.unique(mb.pred_pos)  # sorted; lm_head runs on these columns only
+        keep = torch.unique(mb.pred_pos)  # sorted; the decoder hands lm_head these columns
         column = torch.searchsorted(keep, mb.pred_pos)
-        with self._autocast():
+        head = self.model.get_output_embeddings()
+        with self._autocast(), _score_only(head, mb.row.to(self.device), column.to(self.device)):
             output = self.model(
                 input_ids=mb.input_ids.to(self.device),
                 position_ids=mb.position_ids.to(self.device),
                 logits_to_keep=keep.to(self.device),
                 use_cache=False,
             )
-        if mb.input_ids.shape[0] == 1 and len(keep) == len(column):
-            logits = output.logits[0]  # packed row: kept columns are exactly the tokens, in order
-        else:
-            logits = output.logits[mb.row.to(self.device), column.to(self.device)]  # [n, V]
-        token_logprobs, lse = chunked_token_logprobs(
-            logits, mb.targets.to(self.device), temperature=self.config.temperature
-        )
-        if not entropy:
-            return token_logprobs, None
-        return token_logprobs, token_entropy(logits, lse, temperature=self.config.temperature)
+        logits = output.logits.squeeze(0)  # [n, V], one row per token, in the micro-batch's order
+        token_logprobs, _, token_entropy = token_stats(
+            logits, mb.targets.to(self.device), temperature=self.config.temperature,
+            entropy=entropy,
+        )  # fmt: skip
+        return token_logprobs, token_entropy
 
     def _autocast(self) -> contextlib.AbstractContextManager[object]:
         """Run the forward in the compute dtype over float32 parameters (one rank only).
@@ -590,76 +587,24 @@ class Trainer:
         return tdist.full_model_state_dict(self.model)
 
 
-@torch.no_grad()
-def token_entropy(
-    logits: torch.Tensor,
-    logsumexp: torch.Tensor | None = None,
-    *,
-    temperature: float = 1.0,
-    chunk_rows: int = 1024,
-) -> torch.Tensor:
-    """[n] entropy (nats) of softmax(logits / temperature) per row of `logits` [n, V].
+@contextlib.contextmanager
+def _score_only(head: nn.Module, rows: torch.Tensor, columns: torch.Tensor) -> Iterator[None]:
+    """Make `head` (lm_head) score only hidden[rows, columns]: logits [1, n, V].
 
-    H = logsumexp(x) − Σ p·x, in float32 whatever the logits' dtype. Rows are processed
-    `chunk_rows` at a time, so at most one [chunk_rows, V] float32 block exists at once.
-    `logsumexp` [n] (of the scaled float32 logits) may be passed in when already computed.
+    `logits_to_keep` keeps the union of the rows' columns, so with several packed rows
+    lm_head would score rows × union positions, most of them never read; gathering its input
+    first scores exactly the n tokens. A forward pre-hook keeps this inside the model's own
+    forward, where FSDP2 has the head's weight gathered, and leaves the state dict unchanged.
     """
-    logits = logits.detach()
-    out = torch.empty(logits.shape[:-1], dtype=torch.float32, device=logits.device)
-    for start in range(0, logits.shape[0], chunk_rows):
-        rows = _scaled_float(logits[start : start + chunk_rows], temperature)
-        if logsumexp is None:
-            row_lse = torch.logsumexp(rows, dim=-1, keepdim=True)
-        else:
-            row_lse = logsumexp[start : start + chunk_rows, None].detach().float()
-        probs = (rows - row_lse).exp_()  # [chunk, V]
-        out[start : start + chunk_rows] = row_lse[:, 0] - probs.mul_(rows).sum(dim=-1)
-    return out
 
+    def gather(_module: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        return (args[0][rows, columns][None], *args[1:])
 
-def chunked_token_logprobs(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    chunk_rows: int = 1024,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """[n] log-softmax of `logits / temperature` [n, V] at `targets` [n], and [n] logsumexp.
-
-    Equal to `log_softmax(logits.float() / temperature).gather(targets)` (values and
-    gradients), without a float32 [n, V] tensor: rows go `chunk_rows` at a time, and with
-    gradients enabled each chunk is recomputed in backward (activation checkpointing), so
-    autograd keeps only the logits themselves (in their own dtype, e.g. bfloat16).
-    """
-    logprobs, lses = [], []
-    needs_grad = torch.is_grad_enabled() and logits.requires_grad
-    for start in range(0, logits.shape[0], chunk_rows):
-        rows, rows_targets = logits[start : start + chunk_rows], targets[start : start + chunk_rows]
-        if needs_grad:
-            lp, lse = checkpoint(
-                _target_logprob, rows, rows_targets, temperature, use_reentrant=False
-            )
-        else:
-            lp, lse = _target_logprob(rows, rows_targets, temperature)
-        logprobs.append(lp)
-        lses.append(lse.detach())
-    if not logprobs:
-        empty = logits.new_zeros(0, dtype=torch.float32)
-        return empty + logits.float().sum() * 0, empty
-    return torch.cat(logprobs), torch.cat(lses)
-
-
-def _scaled_float(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    logits = logits.float()
-    return logits / temperature if temperature != 1.0 else logits
-
-
-def _target_logprob(
-    logits: torch.Tensor, targets: torch.Tensor, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    scaled = _scaled_float(logits, temperature)
-    lse = torch.logsumexp(scaled, dim=-1)
-    return scaled.gather(-1, targets[:, None]).squeeze(-1) - lse, lse
+    handle = head.register_forward_pre_hook(gather)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _metric_row(metrics: Any) -> tuple[list[str], torch.Tensor]:

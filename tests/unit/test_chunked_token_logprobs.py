@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tir_rl.trainer import chunked_token_logprobs
+from tir_rl.token_stats import chunked_token_logprobs, token_entropy, token_stats
 
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 
@@ -51,3 +51,25 @@ def test_no_rows_give_empty_outputs_that_still_backpropagate():
     assert logprobs.shape == (0,) and lse.shape == (0,)
     logprobs.sum().backward()
     assert logits.grad is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_token_stats_entropy_matches_token_entropy_and_backward_leaves_logits_intact(
+    dtype, temperature
+):
+    gen = torch.Generator().manual_seed(2)
+    base = (3 * torch.randn(9, 130, generator=gen)).to(dtype)
+    targets = torch.randint(0, 130, (9,), generator=gen)
+    logits = base.clone().requires_grad_()
+    logprobs, lse, entropy = token_stats(
+        logits, targets, temperature=temperature, chunk_rows=4, entropy=True
+    )
+    torch.testing.assert_close(entropy, token_entropy(base, temperature=temperature))
+    assert not entropy.requires_grad and not lse.requires_grad
+    logprobs.sum().backward()
+    assert logits.grad.dtype == dtype
+    assert torch.equal(logits.detach(), base)
+    reference = base.clone().requires_grad_()
+    _reference(reference, targets, temperature).sum().backward()
+    torch.testing.assert_close(logits.grad, reference.grad)

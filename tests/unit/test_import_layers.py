@@ -35,6 +35,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
         "learning",
         (
             "grpo",
+            "token_stats",
             "mismatch",
             "batch",
             "trainer",
