@@ -7,7 +7,9 @@ for warm-up) and the held-out evaluation before training, per task.
     python bench/rl_step_split.py                 # ~8 minutes on the 2-core CPU machine
     python bench/rl_step_split.py --horizon 4 --tasks 8 --group 8
 
-Measured on the shared 2-core CPU machine (defaults, one run, 7 minutes):
+Measured on the shared 2-core CPU machine (defaults, one run, 7 minutes), before the trainer's
+softmax and lm_head changes of tir_rl/token_stats.py (which halved the lab trainer's time in
+`make train`; not re-run since):
 
     phase                             lab s  bundled s  bundled/lab
     rollout                             7.3       34.4         4.69

@@ -4,6 +4,7 @@
     python bench/collapse/run.py --suite sweep           # noise sweep, no correction
     python bench/collapse/run.py --suite causes          # each real cause, no correction
     python bench/collapse/run.py --gpu                   # GPU-sized (untested here)
+    python bench/collapse/run.py --lab                   # the lab model (no warm start)
 
 Each (setting, seed) is one `tir-rl train` process writing `runs/collapse/<setting>_s<seed>/`;
 finished runs are skipped, so an interrupted suite continues where it stopped. The SFT warm
@@ -48,6 +49,28 @@ GPU_SIZE = (
 )
 """GPU-sized overrides: longer horizon, bigger batch, more steps (docs/scale.md)."""
 
+LAB_SIZE = (
+    "run.steps=8",
+    "run.tasks_per_step=4",
+    "run.group_size=8",
+    "run.eval_tasks=64",
+    "run.parity_tolerance=1e-2",
+    "env.kwargs.horizon=4",
+    "rollout.max_turns=8",
+    "rollout.max_tokens_per_turn=64",
+    "rollout.max_context_tokens=4096",
+    "rollout.max_concurrent_episodes=64",
+    "engine.max_model_len=4096",
+    "engine.enable_prefix_caching=true",
+    "engine.block_size=32",
+    "trainer.train_only=[model.norm.weight]",
+    "trainer.lr=5.0e-2",
+    "trainer.micro_batch_tokens=16384",
+    "trainer.packing=packed",
+)
+"""The lab model's overrides (configs/lab.yaml at 4 tasks per step): only the final norm's
+weight trains, so what can break is the policy's confidence (docs/lab_model.md)."""
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -59,6 +82,7 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="skip the SFT warm start; use this model")
     parser.add_argument("--out", type=Path, default=Path("runs/collapse"))
     parser.add_argument("--gpu", action="store_true", help="GPU-sized runs")
+    parser.add_argument("--lab", action="store_true", help="lab-model runs (model=lab)")
     parser.add_argument("--set", dest="extra", action="append", default=[],
                         help="extra override for every run (repeatable)")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
@@ -69,8 +93,13 @@ def main() -> None:
     if args.only:
         wanted = set(args.only.split(","))
         settings = [s for s in settings if s.name in wanted]
-    model = args.model or ("<sft>" if args.dry_run else warm_start())
-    size = GPU_SIZE if args.gpu else ()
+    if args.gpu and args.lab:
+        raise SystemExit("choose one of --gpu and --lab")
+    if args.lab:
+        model = args.model or "lab"
+    else:
+        model = args.model or ("<sft>" if args.dry_run else warm_start())
+    size = GPU_SIZE if args.gpu else LAB_SIZE if args.lab else ()
     failures = []
     for seed in args.seeds:
         for setting in settings:
