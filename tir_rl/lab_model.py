@@ -136,6 +136,11 @@ STRUCTURAL_TOKENS = (
 )
 
 
+CIRCUIT_VERSION = 1
+"""Bump whenever the written weights change for the same spec: the cache folder is named by
+it, so a model built by older code is never reused."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class LabModelSpec:
     """The lab model's seed and how confident its sampled policy is."""
@@ -152,7 +157,10 @@ class LabModelSpec:
     @property
     def dirname(self) -> str:
         """Folder name that identifies the model in the cache."""
-        return f"lab-multihop-s{self.seed}-ls{self.logit_scale:g}-g{self.output_gain:g}"
+        return (
+            f"lab-multihop-c{CIRCUIT_VERSION}-s{self.seed}-ls{self.logit_scale:g}"
+            f"-g{self.output_gain:g}"
+        )
 
     def validate(self) -> None:
         """Refuse values the circuit cannot work with."""
