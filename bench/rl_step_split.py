@@ -7,17 +7,18 @@ for warm-up) and the held-out evaluation before training, per task.
     python bench/rl_step_split.py                 # ~8 minutes on the 2-core CPU machine
     python bench/rl_step_split.py --horizon 4 --tasks 8 --group 8
 
-Measured on the shared 2-core CPU machine (defaults, one run, 7 minutes), before the trainer's
-softmax and lm_head changes of tir_rl/token_stats.py (which halved the lab trainer's time in
-`make train`; not re-run since):
+Measured on the shared 2-core CPU machine (defaults, one run, 6 minutes):
 
     phase                             lab s  bundled s  bundled/lab
-    rollout                             7.3       34.4         4.69
-    trainer (recompute + update)        5.8       56.6         9.73
+    rollout                             4.3       30.9         7.19
+    trainer (recompute + update)        2.2       54.4        24.55
     weight sync                         0.4        0.0         0.00
-    step total                         13.6       91.0         6.70
-    eval, per held-out task            0.92       2.95         3.22
-    sampled tokens in the step: lab 1872, bundled 1847
+    step total                          6.9       85.3        12.30
+    eval, per held-out task            0.97       2.95         3.03
+    sampled tokens in the step: lab 1430, bundled 1847
+
+(Before the trainer's token_stats / lm_head changes the lab trainer took 5.8 s of a 13.6 s
+step in the same set-up.)
 
 The bundled model scored 0 on every episode, so every group was degenerate: its trainer time
 is the logprob recompute and mismatch metrics without an update, and there was no weight
