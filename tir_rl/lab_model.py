@@ -36,6 +36,7 @@ system prompt and question wording, and names of at most a few dozen tokens.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -170,11 +171,28 @@ class LabModelSpec:
             raise ConfigError(f"lab model output_gain {self.output_gain}: choose 0.05..4")
 
 
-def build_lab_model(tokenizer: PreTrainedTokenizerBase, spec: LabModelSpec) -> LlamaForCausalLM:
-    """The lab model for `tokenizer` (the bundled one), deterministic for `spec`."""
+BUILD_STAGES = ("write the circuit", "measure the count levels", "rewrite the count codes")
+"""What `build_lab_model` reports to `on_stage`, in order, each when it is about to start."""
+
+
+def build_lab_model(
+    tokenizer: PreTrainedTokenizerBase,
+    spec: LabModelSpec,
+    *,
+    on_stage: Callable[[str], None] | None = None,
+) -> LlamaForCausalLM:
+    """The lab model for `tokenizer` (the bundled one), deterministic for `spec`.
+
+    `on_stage` is called with each of `BUILD_STAGES` as it starts (for a progress bar).
+    """
     spec.validate()
+    report = on_stage or (lambda _stage: None)
+    report(BUILD_STAGES[0])
     circuit = _Circuit(tokenizer, spec)
-    circuit.write_count_codes(circuit.measure_count_levels(tokenizer))
+    report(BUILD_STAGES[1])
+    levels = circuit.measure_count_levels(tokenizer)
+    report(BUILD_STAGES[2])
+    circuit.write_count_codes(levels)
     return circuit.model
 
 

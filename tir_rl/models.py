@@ -148,18 +148,30 @@ def prepare_lab_model(spec: LabModelSpec | None = None, dest: Path | None = None
         spec: its seed and logit scale (`tir_rl.lab_model.LabModelSpec`).
         dest: target folder; defaults to a folder named after `spec` in `models_dir()`.
     """
-    from tir_rl.lab_model import LabModelSpec, build_lab_model
+    from tir_rl.lab_model import BUILD_STAGES, LabModelSpec, build_lab_model
 
     spec = spec or LabModelSpec()
     dest = Path(dest) if dest is not None else models_dir() / spec.dirname
     if is_prepared(dest):
         return dest
+    from tqdm import tqdm
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(prepare_bundled_model())
     logger.info("Writing the lab model into %s", dest)
-    model = build_lab_model(tokenizer, spec)
-    _save_atomically(dest, model, tokenizer, source=f"tir_rl.lab_model {spec}")
+    with tqdm(total=len(BUILD_STAGES) + 1, desc="lab model", unit="stage") as bar:
+        started: list[str] = []
+
+        def on_stage(stage: str) -> None:
+            if started:  # the previous stage has finished
+                bar.update(1)
+            started.append(stage)
+            bar.set_postfix_str(stage)
+
+        model = build_lab_model(tokenizer, spec, on_stage=on_stage)
+        on_stage("save")
+        _save_atomically(dest, model, tokenizer, source=f"tir_rl.lab_model {spec}")
+        bar.update(1)
     return dest
 
 

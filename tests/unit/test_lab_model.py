@@ -10,7 +10,7 @@ import tir_rl.envs  # noqa: F401 (registers tir_rl/MultiHop-v0)
 from tir_rl.chat import ChatFormat
 from tir_rl.envs.episode import ResetInfo
 from tir_rl.errors import ConfigError
-from tir_rl.lab_model import LabModelSpec, build_lab_model
+from tir_rl.lab_model import BUILD_STAGES, LabModelSpec, build_lab_model
 from tir_rl.models import prepare_bundled_model
 
 
@@ -75,7 +75,9 @@ def test_the_logit_scale_is_the_final_norm_and_only_scales_logits(model, tokeniz
 
 
 def test_the_same_seed_builds_the_same_weights_and_another_seed_does_not(model, tokenizer):
-    again = build_lab_model(tokenizer, LabModelSpec())
+    stages = []
+    again = build_lab_model(tokenizer, LabModelSpec(), on_stage=stages.append)
+    assert tuple(stages) == BUILD_STAGES  # what the progress bar of `models prepare lab` shows
     other = build_lab_model(tokenizer, LabModelSpec(seed=1))
     for (name, a), b in zip(model.state_dict().items(), again.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
