@@ -145,9 +145,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
     elif name == "lab":
         from tir_rl.lab_model import LabModelSpec
 
-        spec = LabModelSpec(**given)
-        spec.validate()
-        path = models.prepare_lab_model(spec)
+        path = models.prepare_lab_model(LabModelSpec(**given))
     elif name in ("bundled", models.BUNDLED_MODEL_NAME):
         path = models.prepare_bundled_model(force=args.force)
     else:

@@ -151,6 +151,7 @@ def prepare_lab_model(spec: LabModelSpec | None = None, dest: Path | None = None
     from tir_rl.lab_model import BUILD_STAGES, LabModelSpec, build_lab_model
 
     spec = spec or LabModelSpec()
+    spec.validate()
     dest = Path(dest) if dest is not None else models_dir() / spec.dirname
     if is_prepared(dest):
         return dest

@@ -52,28 +52,18 @@ def chunked_token_logprobs(
 
 @torch.no_grad()
 def token_entropy(
-    logits: torch.Tensor,
-    logsumexp: torch.Tensor | None = None,
-    *,
-    temperature: float = 1.0,
-    chunk_rows: int = 1024,
+    logits: torch.Tensor, *, temperature: float = 1.0, chunk_rows: int = 1024
 ) -> torch.Tensor:
     """[n] entropy (nats) of softmax(logits / temperature) per row of `logits` [n, V].
 
-    H = logsumexp(x) − Σ p·x, in float32 whatever the logits' dtype, `chunk_rows` rows at a
-    time. `logsumexp` [n] (of the scaled float32 logits) may be passed in when already known.
+    The same float32 chunked pass as `token_stats(..., entropy=True)`, without targets.
     """
-    logits = logits.detach()
-    out = torch.empty(logits.shape[:-1], dtype=torch.float32, device=logits.device)
-    for start in range(0, logits.shape[0], chunk_rows):
-        rows = _scaled_float(logits[start : start + chunk_rows], temperature)
-        if logsumexp is None:
-            row_lse = torch.logsumexp(rows, dim=-1, keepdim=True)
-        else:
-            row_lse = logsumexp[start : start + chunk_rows, None].detach().float()
-        probs = (rows - row_lse).exp_()  # [chunk, V]
-        out[start : start + chunk_rows] = row_lse[:, 0] - probs.mul_(rows).sum(dim=-1)
-    return out
+    targets = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
+    _, _, entropy = token_stats(
+        logits.detach(), targets, temperature=temperature, chunk_rows=chunk_rows, entropy=True
+    )
+    assert entropy is not None
+    return entropy
 
 
 class _TargetLogprob(torch.autograd.Function):
