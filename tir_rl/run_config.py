@@ -46,6 +46,13 @@ class RunSection:
     """Number of held-out tasks per evaluation."""
     eval_samples_per_task: int = 1
     """Samples per held-out task (pass@k uses k <= this)."""
+    eval_clean_sampler: bool = False
+    """With `inject` set, evaluate every held-out point twice: with the run's own (injected)
+    sampler, and with the trainer's exact weights sent to the engine for the evaluation
+    (logged as `eval_clean/*`). The second is the trained policy as a faithful sampler runs
+    it. Refused with `inject.sampler_dtype` (the engine itself computes in that dtype; evaluate
+    the checkpoints with `tir-rl eval` instead). Without an injection the run's sampler is
+    already clean and its figures are logged under both names."""
     checkpoint_every: int = 0
     """Save a checkpoint every N steps (0: only at the end and on interruption)."""
     save_trajectories: int = 4
@@ -152,6 +159,13 @@ class RunConfig:
         inject.validate()
         if not inject.active:
             return
+        if self.run.eval_clean_sampler and inject.sampler_dtype is not None:
+            raise ConfigError(
+                "run.eval_clean_sampler cannot undo "
+                f"inject.sampler_dtype={inject.sampler_dtype!r}: "
+                "the engine itself computes in that dtype. Leave run.eval_clean_sampler off and "
+                "evaluate the run's checkpoints with `tir-rl eval --checkpoint <step folder>`."
+            )
         if self.trainer.dtype != "float32":
             raise ConfigError(
                 f"inject is set but trainer.dtype={self.trainer.dtype!r}: injected mismatch is "

@@ -54,7 +54,7 @@ from tir_rl.types import Trajectory
 
 if TYPE_CHECKING:
     from tir_rl.batch import TrainBatch
-    from tir_rl.eval_stats import Estimate
+    from tir_rl.eval_stats import Estimate, EvalReport
     from tir_rl.trainer import StepResult
 
 logger = logging.getLogger(__name__)
@@ -246,6 +246,8 @@ class _TrainLoop:
         self.guard = CollapseGuard(guard_config)
         self.injection = MismatchInjection(config.inject)
         self.num_updates = 0
+        self._stale_sampler_state: dict[str, torch.Tensor] | None = None
+        self._last_eval: tuple[EvalReport, list[Trajectory]]
         if self.rank0 and config.inject.active:
             logger.warning("%s", self.injection.describe())
         if self.rank0:
@@ -342,7 +344,34 @@ class _TrainLoop:
 
     def _evaluate_shared(self, step: int, when: str) -> Estimate | None:
         accuracy, _ = self._share(lambda: (self._evaluate(step, when), [None] * self.world))
+        if self.config.run.eval_clean_sampler:
+            self._evaluate_clean_shared(step, when)
         return accuracy
+
+    def _evaluate_clean_shared(self, step: int, when: str) -> None:
+        """Held-out evaluation of the trainer's exact weights (`run.eval_clean_sampler`).
+
+        The engine gets the trainer's state for the evaluation, then the sampler's weights
+        back: recomputed from the same state, or the stale copy `_sync_weights` kept.
+        """
+        if not self.injection.changes_sampling:
+            self._share(lambda: (self._evaluate(step, when, clean_copy=True), [None] * self.world))
+            return
+        full = self.trainer.rank0_full_state_dict()
+
+        def clean() -> tuple[None, list[None]]:
+            engine = self.runtime.engine
+            restore = self._stale_sampler_state or self.injection.sampler_state(
+                full, self.num_updates, force=True
+            )
+            asyncio.run(engine.update_weights(full))
+            try:
+                self._evaluate(step, when, prefix="eval_clean")
+            finally:
+                asyncio.run(engine.update_weights(restore))
+            return None, [None] * self.world
+
+        self._share(clean)
 
     def _step(self, step: int) -> tuple[dict[str, float], bool]:
         """One RL step: rollout → advantages → recompute → mismatch → update → sync → log."""
@@ -465,34 +494,47 @@ class _TrainLoop:
 
     # ------------------------------------------------------------------ pieces
 
-    def _evaluate(self, step: int, when: str) -> Estimate:
+    def _evaluate(
+        self, step: int, when: str, *, prefix: str = "eval", clean_copy: bool = False
+    ) -> Estimate:
+        """Evaluate the engine's current weights on the held-out tasks; log under `prefix`.
+
+        `clean_copy`: log the last evaluation again as `eval_clean` instead of running one
+        (the run's sampler is the clean one).
+        """
         from tir_rl.eval_stats import build_report
         from tir_rl.runtime import task_specs
 
         cfg = self.config.run
-        t0 = time.perf_counter()
-        specs = task_specs(
-            self.eval_env, num_tasks=cfg.eval_tasks, group_size=cfg.eval_samples_per_task
-        )
-        trajectories = self.runtime.run_episodes(specs)
-        report = build_report(
-            trajectories,
-            env_id=self.config.env.id,
-            split=self.config.env.eval_split,
-            k=cfg.eval_samples_per_task,
-            wall_time_s=time.perf_counter() - t0,
-        )
+        if clean_copy:
+            report, trajectories = self._last_eval
+            prefix = "eval_clean"
+        else:
+            t0 = time.perf_counter()
+            specs = task_specs(
+                self.eval_env, num_tasks=cfg.eval_tasks, group_size=cfg.eval_samples_per_task
+            )
+            trajectories = self.runtime.run_episodes(specs)
+            report = build_report(
+                trajectories,
+                env_id=self.config.env.id,
+                split=self.config.env.eval_split,
+                k=cfg.eval_samples_per_task,
+                wall_time_s=time.perf_counter() - t0,
+            )
+            self._last_eval = (report, trajectories)
         accuracy = report.pass_at_1
         row = {
-            "eval/pass_at_1": accuracy.value,
-            "eval/pass_at_1_low": accuracy.low,
-            "eval/pass_at_1_high": accuracy.high,
-            "eval/mean_reward": report.mean_reward,
+            f"{prefix}/pass_at_1": accuracy.value,
+            f"{prefix}/pass_at_1_low": accuracy.low,
+            f"{prefix}/pass_at_1_high": accuracy.high,
+            f"{prefix}/mean_reward": report.mean_reward,
         }
-        row.update(episode_row(trajectories, prefix="eval"))
+        row.update(episode_row(trajectories, prefix=prefix))
         self.metrics.log(step, row)
-        (self.run_dir / f"eval_step_{step}.json").write_text(report.to_json() + "\n")
-        print(f"held-out pass@1 {when} training (step {step}): {accuracy} "
+        (self.run_dir / f"{prefix}_step_{step}.json").write_text(report.to_json() + "\n")
+        sampler = " (clean sampler)" if prefix == "eval_clean" else ""
+        print(f"held-out pass@1{sampler} {when} training (step {step}): {accuracy} "
               f"({report.num_tasks} tasks × {report.samples_per_task})", flush=True)  # fmt: skip
         return accuracy
 
@@ -510,6 +552,9 @@ class _TrainLoop:
         state = full  # only rank 0 holds the full state; it is unchanged when not injecting
         if self.rank0:
             state = self.injection.sampler_state(full, self.num_updates, force=True)
+            if self.config.run.eval_clean_sampler and self.injection.config.sync_every > 1:
+                # A clean evaluation must hand the engine this stale state back afterwards.
+                self._stale_sampler_state = {k: v.detach().clone() for k, v in state.items()}
         tolerance = self.config.run.parity_tolerance if self.injection.strict_parity else math.inf
         # The trainer side of the probe is a forward pass: with FSDP2 every rank runs it.
         trainer_logprobs = transformers_logprobs(self.trainer.model, self.probe_ids).tolist()

@@ -70,8 +70,8 @@ def table(runs: list[Run]) -> str:
         by_setting[run.setting].append(run)
     header = (
         "| setting | collapsed | collapse step | first guard alert | alert lead | "
-        "reward peak → final | held-out before → after | mean k3 KL | max grad norm | "
-        "masked tokens |\n|---|---|---|---|---|---|---|---|---|---|"
+        "reward peak → final | held-out before → after | clean sampler before → after | "
+        "mean k3 KL | max grad norm | masked tokens |\n" + "|---" * 11 + "|"
     )
     lines = [header]
     for setting in _ordered(by_setting):
@@ -88,12 +88,16 @@ def table(runs: list[Run]) -> str:
         masked = _mean([_mean(list(values_by_step(r.rows, masked_key).values())) for r in group])
         before = _mean([v.heldout_before for v in verdicts if v.heldout_before is not None])
         after = _mean([v.heldout_after for v in verdicts if v.heldout_after is not None])
+        clean = [values_by_step(r.rows, "eval_clean/pass_at_1") for r in group]
+        clean_before = _mean([c[min(c)] for c in clean if c])
+        clean_after = _mean([c[max(c)] for c in clean if c])
         lines.append(
             f"| {setting} | {collapsed}/{len(group)} | {', '.join(steps) or '–'} | "
             f"{', '.join(alerts) or '–'} | {', '.join(leads) or '–'} | "
             f"{_mean([v.peak_reward for v in verdicts]):.3f} → "
             f"{_mean([v.final_reward for v in verdicts]):.3f} | "
-            f"{_fmt(before)} → {_fmt(after)} | {_fmt(k3, '.2e')} | {_fmt(grad, '.3g')} | "
+            f"{_fmt(before)} → {_fmt(after)} | {_fmt(clean_before)} → {_fmt(clean_after)} | "
+            f"{_fmt(k3, '.2e')} | {_fmt(grad, '.3g')} | "
             f"{_fmt(masked, '.3f')} |"
         )
     return "\n".join(lines)

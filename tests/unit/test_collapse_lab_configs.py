@@ -11,7 +11,7 @@ from tir_rl.run_config import RunConfig
 LAB = Path(__file__).resolve().parents[2] / "bench" / "collapse"
 sys.path.insert(0, str(LAB))
 
-from run import GPU_SIZE  # noqa: E402
+from run import GPU_SIZE, LAB_CONFIG, LAB_SIZE, lab_clean_eval  # noqa: E402
 from settings import MISMATCHES, suite  # noqa: E402
 
 CASES = [
@@ -38,3 +38,14 @@ def test_corrections_suite_covers_every_correction_the_issue_names() -> None:
     names = {s.name for s in suite("corrections")}
     assert {"token_tis", "token_mis", "seq_mis", "geo_rs", "turn_mis", "veto"} <= names
     assert {"no_mismatch", "uncorrected"} <= names
+
+
+@pytest.mark.parametrize(
+    ("suite_name", "mismatch", "setting"), CASES, ids=lambda x: getattr(x, "name", str(x))
+)
+def test_setting_loads_on_the_lab_config(suite_name, mismatch, setting) -> None:
+    chosen = list(setting.overrides)
+    overrides = ["model=tiny", *LAB_SIZE, *lab_clean_eval(True, chosen), *chosen]
+    config = load(RunConfig, LAB_CONFIG, overrides)
+    assert config.run.tasks_per_step == 4 and config.trainer.train_only == ("model.norm.weight",)
+    assert config.run.eval_clean_sampler == (config.inject.sampler_dtype is None)

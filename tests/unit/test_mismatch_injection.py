@@ -184,6 +184,9 @@ def test_flags_and_description_follow_the_config():
     assert "bfloat16" in text and "0.1" in text and "every 2" in text
     assert not inject(raw_logprobs=True).transforms_weights
     assert not inject(sampler_dtype="float16").strict_parity
+    assert injection.changes_sampling and inject(sync_every=3).changes_sampling
+    assert not inject(raw_logprobs=True).changes_sampling
+    assert not inject(sampler_dtype="float16").changes_sampling
 
 
 @pytest.mark.parametrize(
@@ -234,6 +237,7 @@ def test_run_config_default_leaves_the_engine_alone():
         (["inject.lm_head_dtype=float32"], "lm_head_dtype"),
         (["inject.sampler_dtype=bfloat16", "trainer.dtype=bfloat16"], "trainer.dtype"),
         (["inject.noise_std=0.1"], "logit_noise_std"),
+        (["inject.sampler_dtype=bfloat16", "run.eval_clean_sampler=true"], "tir-rl eval"),
     ],
 )
 def test_run_config_refuses_bad_injection(overrides, match):

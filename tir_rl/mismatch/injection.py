@@ -149,6 +149,15 @@ class MismatchInjection:
         return self.config.lm_head_dtype is not None or self.config.logit_noise_std > 0
 
     @property
+    def changes_sampling(self) -> bool:
+        """Whether the sampler's weights (transformed or stale) make it draw another policy.
+
+        `sampler_dtype` acts inside the engine and `raw_logprobs` changes only the reported
+        logprobs, so neither counts here.
+        """
+        return self.transforms_weights or self.config.sync_every > 1
+
+    @property
     def strict_parity(self) -> bool:
         """False when injecting: the parity probe should log the gap instead of raising."""
         return not self.config.active

@@ -27,3 +27,37 @@ def test_noise_injection_is_measured_not_raised_and_stale_steps_skip_the_sync(tm
     # The trainer measured that mismatch on the rollouts too.
     assert all(r["mismatch/k3_kl"] > 1e-5 for r in rows)
     assert all("guard/alerts" in r for r in rows)
+
+
+def test_clean_sampler_eval_runs_the_trainer_weights_then_gives_the_sampler_back(tmp_path):
+    config = tiny_config(
+        tmp_path,
+        "run.steps=2",
+        "run.eval_every=1",
+        "run.eval_clean_sampler=true",
+        "inject.logit_noise_std=0.3",
+        "inject.sync_every=2",
+    )
+    summary = run_train(config)
+    rows = read_metrics(summary.run_dir / "metrics.jsonl")
+    clean = [r["step"] for r in rows if "eval_clean/pass_at_1" in r]
+    own = [r["step"] for r in rows if "eval/pass_at_1" in r]
+    assert clean == own == [0, 1, 2]
+    for step in clean:
+        assert (summary.run_dir / f"eval_clean_step_{step}.json").is_file()
+    # Each clean evaluation hands the injected (step 0) or stale (step 1) sampler back: had
+    # the engine kept the trainer's weights, the next rollouts would measure no mismatch.
+    trained = [r for r in rows if "mismatch/k3_kl" in r]
+    assert [r["step"] for r in trained] == [1, 2]
+    assert all(r["mismatch/k3_kl"] > 1e-5 for r in trained)
+
+
+def test_clean_sampler_eval_without_injection_reuses_the_run_s_evaluation(tmp_path):
+    config = tiny_config(tmp_path, "run.steps=1", "run.eval_clean_sampler=true")
+    summary = run_train(config)
+    rows = read_metrics(summary.run_dir / "metrics.jsonl")
+    own = {r["step"]: r["eval/pass_at_1"] for r in rows if "eval/pass_at_1" in r}
+    clean = {r["step"]: r["eval_clean/pass_at_1"] for r in rows if "eval_clean/pass_at_1" in r}
+    assert clean == own and sorted(own) == [0, 1]
+    report = (summary.run_dir / "eval_step_0.json").read_text()
+    assert (summary.run_dir / "eval_clean_step_0.json").read_text() == report
