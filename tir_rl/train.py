@@ -247,7 +247,6 @@ class _TrainLoop:
         self.injection = MismatchInjection(config.inject)
         self.num_updates = 0
         self._stale_sampler_state: dict[str, torch.Tensor] | None = None
-        self._last_eval: tuple[EvalReport, list[Trajectory]]
         if self.rank0 and config.inject.active:
             logger.warning("%s", self.injection.describe())
         if self.rank0:
@@ -343,8 +342,18 @@ class _TrainLoop:
         self.ended_together = True
 
     def _evaluate_shared(self, step: int, when: str) -> Estimate | None:
-        accuracy, _ = self._share(lambda: (self._evaluate(step, when), [None] * self.world))
-        if self.config.run.eval_clean_sampler:
+        clean = self.config.run.eval_clean_sampler
+        separate_clean = clean and self.injection.changes_sampling
+
+        def evaluate() -> tuple[Estimate, list[None]]:
+            report, trajectories = self._evaluate()
+            self._log_evaluation(step, when, "eval", report, trajectories)
+            if clean and not separate_clean:  # the run's sampler is the clean one
+                self._log_evaluation(step, when, "eval_clean", report, trajectories)
+            return report.pass_at_1, [None] * self.world
+
+        accuracy, _ = self._share(evaluate)
+        if separate_clean:
             self._evaluate_clean_shared(step, when)
         return accuracy
 
@@ -354,9 +363,6 @@ class _TrainLoop:
         The engine gets the trainer's state for the evaluation, then the sampler's weights
         back: recomputed from the same state, or the stale copy `_sync_weights` kept.
         """
-        if not self.injection.changes_sampling:
-            self._share(lambda: (self._evaluate(step, when, clean_copy=True), [None] * self.world))
-            return
         full = self.trainer.rank0_full_state_dict()
 
         def clean() -> tuple[None, list[None]]:
@@ -366,7 +372,7 @@ class _TrainLoop:
             )
             asyncio.run(engine.update_weights(full))
             try:
-                self._evaluate(step, when, prefix="eval_clean")
+                self._log_evaluation(step, when, "eval_clean", *self._evaluate())
             finally:
                 asyncio.run(engine.update_weights(restore))
             return None, [None] * self.world
@@ -494,35 +500,35 @@ class _TrainLoop:
 
     # ------------------------------------------------------------------ pieces
 
-    def _evaluate(
-        self, step: int, when: str, *, prefix: str = "eval", clean_copy: bool = False
-    ) -> Estimate:
-        """Evaluate the engine's current weights on the held-out tasks; log under `prefix`.
-
-        `clean_copy`: log the last evaluation again as `eval_clean` instead of running one
-        (the run's sampler is the clean one).
-        """
+    def _evaluate(self) -> tuple[EvalReport, list[Trajectory]]:
+        """Play the held-out tasks with the engine's current weights."""
         from tir_rl.eval_stats import build_report
         from tir_rl.runtime import task_specs
 
         cfg = self.config.run
-        if clean_copy:
-            report, trajectories = self._last_eval
-            prefix = "eval_clean"
-        else:
-            t0 = time.perf_counter()
-            specs = task_specs(
-                self.eval_env, num_tasks=cfg.eval_tasks, group_size=cfg.eval_samples_per_task
-            )
-            trajectories = self.runtime.run_episodes(specs)
-            report = build_report(
-                trajectories,
-                env_id=self.config.env.id,
-                split=self.config.env.eval_split,
-                k=cfg.eval_samples_per_task,
-                wall_time_s=time.perf_counter() - t0,
-            )
-            self._last_eval = (report, trajectories)
+        t0 = time.perf_counter()
+        specs = task_specs(
+            self.eval_env, num_tasks=cfg.eval_tasks, group_size=cfg.eval_samples_per_task
+        )
+        trajectories = self.runtime.run_episodes(specs)
+        report = build_report(
+            trajectories,
+            env_id=self.config.env.id,
+            split=self.config.env.eval_split,
+            k=cfg.eval_samples_per_task,
+            wall_time_s=time.perf_counter() - t0,
+        )
+        return report, trajectories
+
+    def _log_evaluation(
+        self,
+        step: int,
+        when: str,
+        prefix: str,
+        report: EvalReport,
+        trajectories: list[Trajectory],
+    ) -> None:
+        """Metrics row, `<prefix>_step_<step>.json` and one printed line for an evaluation."""
         accuracy = report.pass_at_1
         row = {
             f"{prefix}/pass_at_1": accuracy.value,
@@ -536,7 +542,6 @@ class _TrainLoop:
         sampler = " (clean sampler)" if prefix == "eval_clean" else ""
         print(f"held-out pass@1{sampler} {when} training (step {step}): {accuracy} "
               f"({report.num_tasks} tasks × {report.samples_per_task})", flush=True)  # fmt: skip
-        return accuracy
 
     def _sync_weights(self, *, force: bool = False) -> Any:
         """Trainer weights -> engine, then the parity probe (every rank calls this).
