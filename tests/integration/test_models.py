@@ -80,3 +80,14 @@ def test_failed_save_leaves_no_partial_checkpoint(tmp_path):
         models._save_atomically(dest, Broken(), Broken(), source="test")
     assert not dest.exists()
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_bundled_model_converts_into_an_empty_folder(tmp_path):
+    # What a fresh machine does at set-up: every package the conversion imports must be a
+    # declared dependency (a cached checkpoint elsewhere would hide a missing one).
+    from transformers import AutoConfig
+
+    path = models.prepare_bundled_model(dest=tmp_path / "bundled")
+    assert models.is_prepared(path)
+    assert AutoConfig.from_pretrained(path).num_hidden_layers == 30
