@@ -24,7 +24,7 @@ import itertools
 import logging
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -164,9 +164,6 @@ class VLLMLocalEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         c = self.config
-        if c.cpu_reserved_cores is not None:
-            # read by the engine core process, which inherits this environment
-            os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", str(c.cpu_reserved_cores))
         args = AsyncEngineArgs(
             model=str(self._model_path),
             dtype=c.dtype,
@@ -186,7 +183,10 @@ class VLLMLocalEngine:
                 if getattr(c, name) is not None
             },
         )
-        return AsyncLLM.from_engine_args(args)
+        reserved = None if c.cpu_reserved_cores is None else str(c.cpu_reserved_cores)
+        # Read by the engine core process, which inherits this environment when it starts.
+        with _environment_default(_RESERVED_CORES_VAR, reserved):
+            return AsyncLLM.from_engine_args(args)
 
     def _warn_ignored_settings(self) -> None:
         from vllm.platforms import current_platform
@@ -195,6 +195,12 @@ class VLLMLocalEngine:
             return
         if self.config.async_scheduling:
             logger.warning("async_scheduling=True is ignored: vLLM's CPU backend turns it off")
+        reserved = os.environ.get(_RESERVED_CORES_VAR)
+        wanted = self.config.cpu_reserved_cores
+        if reserved is not None and wanted is not None and reserved != str(wanted):
+            logger.warning(
+                "%s=%s overrides cpu_reserved_cores=%s", _RESERVED_CORES_VAR, reserved, wanted
+            )
         env = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
         if env and self.config.kv_cache_gib is not None and float(env) != self.config.kv_cache_gib:
             logger.warning(
@@ -376,6 +382,26 @@ class VLLMLocalEngine:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+_RESERVED_CORES_VAR = "VLLM_CPU_NUM_OF_RESERVED_CPU"
+
+
+@contextlib.contextmanager
+def _environment_default(name: str, value: str | None) -> Iterator[None]:
+    """Set `name` to `value` for the block unless the user's environment already sets it.
+
+    Only for the block: a later engine in the same process gets its own setting, not the
+    first one's left behind in `os.environ`.
+    """
+    if value is None or name in os.environ:
+        yield
+        return
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
 
 
 async def _shutdown(llm: Any) -> None:
