@@ -120,6 +120,13 @@ class RunConfig:
     def validate(self) -> None:
         """Cross-section checks; also points engine and trainer at `model`."""
         self.run.validate()
+        if self.loss.kl_coef > 0:
+            raise ConfigError(
+                f"loss.kl_coef={self.loss.kl_coef}: the KL penalty to a reference policy is not "
+                "supported by `tir-rl train` yet (nothing computes the reference model's "
+                "logprobs, so the first step would fail). Set loss.kl_coef=0; to keep the policy "
+                "near its start, lower trainer.lr or the clip range (loss.clip_low/clip_high)."
+            )
         if self.trainer.temperature != self.rollout.temperature:
             raise ConfigError(
                 f"trainer.temperature={self.trainer.temperature} differs from "
