@@ -16,6 +16,7 @@ from typing import Any
 from tir_rl.engine.choice import EngineConfig
 from tir_rl.errors import ConfigError
 from tir_rl.grpo import GRPOLoss
+from tir_rl.lr_schedule import LRSchedule
 from tir_rl.mismatch import MismatchCorrection
 from tir_rl.mismatch.guard import CollapseGuard
 from tir_rl.mismatch.injection import MismatchInjection
@@ -144,6 +145,9 @@ class RunConfig:
             self.correction_preset = None  # folded in: the saved config is explicit
         self._follow_model()
         self._apply_injection()
+        if self.trainer.lr_schedule is LRSchedule.COSINE and self.trainer.schedule_steps == 0:
+            self.trainer.schedule_steps = self.run.steps  # the documented meaning of 0
+            self.trainer.validate()  # warm-up shorter than the run
 
     def _follow_model(self) -> None:
         """Point engine and trainer at `model`; refuse a different checkpoint for either."""
