@@ -126,6 +126,10 @@ class DatasetEnv(ToolEnv):
             for name in ("question_field", "answer_field"):
                 if not getattr(self, name):
                     raise ConfigError(f"{name} is empty: name a column of the data set")
+            if isinstance(self.tools, str):
+                raise ConfigError(
+                    f"tools={self.tools!r}: a list of tool names, e.g. tools: [{self.tools}]"
+                )
             self.checker = AnswerChecker(self.checker)
 
     config: Config

@@ -132,6 +132,7 @@ def test_file_errors_are_config_errors(tmp_path):
         ({"answer_field": ""}, "answer_field is empty"),
         ({"checker": "fuzzy"}, "'fuzzy' is not a valid AnswerChecker"),
         ({"spilt_seed": 1}, "did you mean 'split_seed'"),
+        ({"tools": "python"}, r"a list of tool names, e.g. tools: \[python\]"),
     ],
 )
 def test_bad_settings_are_refused_at_construction(overrides, message):
