@@ -1,4 +1,4 @@
-"""tir_rl/Dataset-v0 episodes on the real engine (vLLM CPU, tiny random Llama), from a run config."""
+"""tir_rl/Dataset-v0 episodes on the real engine (vLLM CPU, tiny random Llama)."""
 
 import pytest
 
