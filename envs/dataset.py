@@ -19,7 +19,8 @@ Splits, by construction disjoint:
   least one) are test; rows that repeat a question follow it, so no question is in both.
 
 Task ``index`` is row ``index mod len(pool)`` of the split's pool, in file order, so the
-evaluation's task indices ``0..n-1`` walk the first n test rows.
+evaluation's task indices ``0..n-1`` walk the first n test rows (an explicit
+``options["task_index"]`` past the pool is refused: evaluate at most ``len(pool)`` tasks).
 
 Reward: ``correct`` is 1 when the final answer equals the reference: with
 ``checker="math"`` (default) by math-verify (`tir_rl.envs.symbolic`: ``\sqrt{2}``,
@@ -47,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from tir_rl.envs.answers import ANSWER_INSTRUCTIONS, normalize_name
 from tir_rl.envs.base import Split, Task, ToolEnv
 from tir_rl.errors import ConfigError, SetupError, did_you_mean
+from tir_rl.types import Message
 
 if TYPE_CHECKING:
     from tir_rl.tools import ToolRegistry
@@ -159,6 +161,23 @@ class DatasetEnv(ToolEnv):
             )
         return pool
 
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        """Start an episode (see `ToolEnv.reset`); an explicit task index must be a row.
+
+        Seeds pick any row; ``options["task_index"]`` (a fixed evaluation set) past the end of
+        the pool is refused rather than wrapped, so no task is counted twice.
+        """
+        index = (options or {}).get("task_index")
+        if isinstance(index, int) and index >= len(self.pool):
+            raise ConfigError(
+                f"task_index={index} but the {self.split.value} split of {self.config.path} has "
+                f"{len(self.pool)} rows: evaluate at most {len(self.pool)} tasks "
+                "(run.eval_tasks, or --tasks of tir-rl eval)"
+            )
+        return super().reset(seed=seed, options=options)
+
     # ----------------------------------------------------------------- ToolEnv hooks
     def build_tools(self) -> ToolRegistry:
         """The configured tools."""
@@ -203,10 +222,8 @@ class DatasetEnv(ToolEnv):
 
         return float(shared_checker().equal(answer, task.answer))
 
-    def demonstration(self, task: Task) -> list:
+    def demonstration(self, task: Task) -> list[Message]:
         """The reference answer in one turn (no tool call)."""
-        from tir_rl.types import Message
-
         return [Message.assistant(f"<answer>{task.answer}</answer>")]
 
 

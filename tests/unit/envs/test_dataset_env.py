@@ -64,11 +64,14 @@ def test_a_split_column_assigns_rows_and_task_indices_walk_it_in_order(tmp_path)
     env = DatasetEnv(split="test", **kw)
     assert [(r.index, r.answer) for r in env.pool] == [(1, "2"), (2, "3.5")]
     questions = []
-    for index in range(3):
+    for index in range(2):
         messages, info = env.reset(options={"task_index": index})
         questions.append(messages[-1].content)
-    assert questions == ["two?", "three?", "two?"]  # index mod len(pool)
+    assert questions == ["two?", "three?"]
     assert ResetInfo.from_info(info).task.split == "test"
+    with pytest.raises(ConfigError, match="task_index=2 but the test split .* has 2 rows"):
+        env.reset(options={"task_index": 2})  # a fixed eval set never counts a row twice
+    assert env.generate_task(2).question == "two?"  # seeds: index mod len(pool)
     assert [r.question for r in DatasetEnv(split="train", **kw).pool] == ["one?"]
 
 

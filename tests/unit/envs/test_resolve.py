@@ -99,3 +99,16 @@ def test_an_unregistered_id_suggests_the_nearest_and_the_module_form():
 def test_an_empty_part_is_refused(env_id):
     with pytest.raises(ConfigError, match="both parts non-empty"):
         env_maker(env_id)
+
+
+def test_the_example_run_config_names_the_user_env_and_builds_it(monkeypatch):
+    from tir_rl.config import load
+    from tir_rl.run_config import RunConfig
+
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    config = load(RunConfig, EXAMPLES / "product.yaml")
+    assert config.env.id == "product_env:Product-v0"
+    assert config.trainer.schedule_steps == config.run.steps  # cosine over the run
+    env = env_factory(config.env, config.env.train_split)()
+    assert env.config.digits == 3
+    check_env(env)
