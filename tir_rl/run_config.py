@@ -85,7 +85,9 @@ class EnvSection:
     """Which environment the run trains and evaluates on."""
 
     id: str = "tir_rl/MathPython-v0"
-    """gymnasium id (`tir_rl/...` ids are registered by importing `tir_rl.envs`)."""
+    """gymnasium id (`tir_rl/...` ids are registered by importing `tir_rl.envs`), or a user
+    env as `module:Name-v0` (the module registers it when imported) or `module:ClassName`
+    (docs/bring_your_env.md)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for `gymnasium.make` (e.g. `difficulty`, `horizon`)."""
     train_split: str = "train"

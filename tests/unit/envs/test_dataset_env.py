@@ -309,3 +309,18 @@ def test_the_demonstration_is_the_reference_answer():
     env.reset(options={"task_index": 0})
     (turn,) = env.demonstration(env.task)
     assert env.step(turn)[1] == 1.0
+
+
+def test_the_example_run_config_builds_the_dataset_env():
+    from pathlib import Path
+
+    from tir_rl.config import load
+    from tir_rl.run_config import RunConfig
+    from tir_rl.runtime import env_factory
+
+    examples = Path(__file__).resolve().parents[3] / "examples"
+    config = load(RunConfig, examples / "dataset.yaml", ["env.kwargs.split_seed=3"])
+    env = env_factory(config.env, config.env.eval_split)()
+    assert isinstance(env, DatasetEnv) and env.config.split_seed == 3
+    assert config.run.eval_tasks <= len(env.pool)
+    check_env(env)
