@@ -74,10 +74,7 @@ class SymbolicChecker:
         """
         request = json.dumps({"answer": answer, "reference": reference}) + "\n"
         with self._lock:
-            proc = self._started()
-            assert proc.stdin is not None
-            proc.stdin.write(request)
-            proc.stdin.flush()
+            proc = self._send(request)
             reply = self._read_line(proc, self.timeout_s)
             if reply is None:
                 logger.warning(
@@ -88,6 +85,21 @@ class SymbolicChecker:
                 self._stop()
                 return False
             return reply == "1"
+
+    def _send(self, request: str) -> subprocess.Popen[str]:
+        """Write `request` to the helper, restarting it once if it died since the last one."""
+        for attempt in (1, 2):
+            proc = self._started()
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write(request)
+                proc.stdin.flush()
+                return proc
+            except (BrokenPipeError, OSError):
+                self._stop()
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         """Stop the helper process; a later check starts a new one. Idempotent."""

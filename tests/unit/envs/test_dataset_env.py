@@ -260,6 +260,9 @@ def test_a_hostile_answer_times_out_scores_zero_and_the_checker_recovers():
         assert not checker.equal("9^{9^{9^{9}}}", "1")  # sympy would never finish
         assert time.monotonic() - started < 10
         assert checker.equal("\\frac{\\pi}{3}", "\\pi/3")
+        checker._proc.kill()  # a helper that died between checks is restarted
+        checker._proc.wait()
+        assert checker.equal("3", "x = 3")
     finally:
         checker.close()
         checker.close()
