@@ -33,9 +33,7 @@ def test_cosine_without_its_length_is_refused():
 def test_a_run_config_decays_a_cosine_over_run_steps():
     cfg = config.load(RunConfig, None, ["run.steps=20", "trainer.lr_schedule=cosine"])
     assert cfg.trainer.lr_schedule is LRSchedule.COSINE and cfg.trainer.schedule_steps == 20
-    kept = config.load(
-        RunConfig, None, ["trainer.lr_schedule=cosine", "trainer.schedule_steps=7"]
-    )
+    kept = config.load(RunConfig, None, ["trainer.lr_schedule=cosine", "trainer.schedule_steps=7"])
     assert kept.trainer.schedule_steps == 7  # a value the user gave is honoured
     assert config.load(RunConfig, None, []).trainer.lr_schedule is LRSchedule.CONSTANT
 
