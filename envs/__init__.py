@@ -22,6 +22,7 @@ from tir_rl.envs.base import ResetInfo, Reward, Split, StepInfo, Task, ToolEnv
 from tir_rl.envs.checker import check_env
 
 ENV_IDS = {
+    "tir_rl/Dataset-v0": "tir_rl.envs.dataset:DatasetEnv",
     "tir_rl/MathPython-v0": "tir_rl.envs.math_python:MathPythonEnv",
     "tir_rl/MultiHop-v0": "tir_rl.envs.multihop:MultiHopEnv",
     "tir_rl/ReasoningGym-v0": "tir_rl.envs.reasoning_gym:ReasoningGymEnv",

@@ -267,7 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--checkpoint", default="bundled", help="bundled, a run or checkpoint folder")
-    p.add_argument("--env", help="gymnasium id, e.g. tir_rl/MathPython-v0 (default: config's)")
+    p.add_argument(
+        "--env",
+        help="gymnasium id or module:Name-v0, e.g. tir_rl/MathPython-v0 (default: config's)",
+    )
     p.add_argument("--split", default="test")
     p.add_argument("--k", type=int, default=1, help="pass@k")
     p.add_argument("--samples", type=int, help="samples per task (default: k)")

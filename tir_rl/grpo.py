@@ -233,7 +233,8 @@ class GRPOLoss:
         dual_clip: float | None = None
         """c > 1: for A < 0 the loss is also capped at −A·c (verl's dual clip uses 3)."""
         kl_coef: float = 0.0
-        """β of the k3 KL to the reference policy; 0 (off) needs no reference logprobs."""
+        """β of the k3 KL to the reference policy; 0 (off) needs no reference logprobs. A run
+        config refuses > 0 for now: `tir-rl train` has no reference model yet."""
         aggregation: Aggregation = Aggregation.TOKEN_MEAN
         """Normalizer of the summed token losses; see `Aggregation`."""
 

@@ -16,6 +16,7 @@ from typing import Any
 from tir_rl.engine.choice import EngineConfig
 from tir_rl.errors import ConfigError
 from tir_rl.grpo import GRPOLoss
+from tir_rl.lr_schedule import LRSchedule
 from tir_rl.mismatch import MismatchCorrection
 from tir_rl.mismatch.guard import CollapseGuard
 from tir_rl.mismatch.injection import MismatchInjection
@@ -84,7 +85,9 @@ class EnvSection:
     """Which environment the run trains and evaluates on."""
 
     id: str = "tir_rl/MathPython-v0"
-    """gymnasium id (`tir_rl/...` ids are registered by importing `tir_rl.envs`)."""
+    """gymnasium id (`tir_rl/...` ids are registered by importing `tir_rl.envs`), or a user
+    env as `module:Name-v0` (the module registers it when imported) or `module:ClassName`
+    (docs/bring_your_env.md)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for `gymnasium.make` (e.g. `difficulty`, `horizon`)."""
     train_split: str = "train"
@@ -120,6 +123,13 @@ class RunConfig:
     def validate(self) -> None:
         """Cross-section checks; also points engine and trainer at `model`."""
         self.run.validate()
+        if self.loss.kl_coef > 0:
+            raise ConfigError(
+                f"loss.kl_coef={self.loss.kl_coef}: the KL penalty to a reference policy is not "
+                "supported by `tir-rl train` yet (nothing computes the reference model's "
+                "logprobs, so the first step would fail). Set loss.kl_coef=0; to keep the policy "
+                "near its start, lower trainer.lr or the clip range (loss.clip_low/clip_high)."
+            )
         if self.trainer.temperature != self.rollout.temperature:
             raise ConfigError(
                 f"trainer.temperature={self.trainer.temperature} differs from "
@@ -137,6 +147,9 @@ class RunConfig:
             self.correction_preset = None  # folded in: the saved config is explicit
         self._follow_model()
         self._apply_injection()
+        if self.trainer.lr_schedule is LRSchedule.COSINE and self.trainer.schedule_steps == 0:
+            self.trainer.schedule_steps = self.run.steps  # the documented meaning of 0
+            self.trainer.validate()  # warm-up shorter than the run
 
     def _follow_model(self) -> None:
         """Point engine and trainer at `model`; refuse a different checkpoint for either."""

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from tir_rl.engine.base import Engine
-from tir_rl.errors import ConfigError, did_you_mean
 from tir_rl.run_config import EnvSection, RunConfig
 from tir_rl.types import Trajectory
 
@@ -22,18 +21,18 @@ logger = logging.getLogger(__name__)
 
 
 def env_factory(section: EnvSection, split: str) -> Callable[[], Any]:
-    """A function that builds one fresh environment of `section` on `split`."""
-    import gymnasium
+    """A function that builds one fresh environment of `section` on `split`.
 
-    import tir_rl.envs  # noqa: F401 (registers the tir_rl/... ids)
+    `section.id` is a registered gymnasium id, ``module:Name-v0`` or ``module:ClassName``
+    (see `tir_rl.envs.resolve`); a bad one raises `ConfigError` here, before any engine starts.
+    """
+    from tir_rl.envs.resolve import env_maker
 
-    if section.id not in gymnasium.registry:
-        hint = did_you_mean(section.id, gymnasium.registry)
-        raise ConfigError(f"env.id {section.id!r} is not a registered gymnasium id.{hint}")
+    build = env_maker(section.id)  # imports a `module:Name` id's module now
     kwargs = dict(section.kwargs)
 
     def make() -> Any:
-        return gymnasium.make(section.id, split=split, **kwargs).unwrapped
+        return build(split=split, **kwargs).unwrapped
 
     return make
 

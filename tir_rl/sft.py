@@ -300,12 +300,9 @@ def play_demonstration(env: Any, tokenizer: Any, *, seed: int) -> Demonstration:
 
 def build_demonstrations(config: SFTConfig, tokenizer: Any) -> list[Demonstration]:
     """The config's demonstrations, from the train split of the real environment."""
-    import gymnasium
+    from tir_rl.envs.resolve import env_maker
 
-    import tir_rl.envs  # noqa: F401 (registers the tir_rl/... ids)
-
-    if config.env.id not in gymnasium.registry:
-        raise ConfigError(f"sft env.id {config.env.id!r} is not a registered gymnasium id")
+    build = env_maker(config.env.id)  # a registered id, `module:Name-v0` or `module:Class`
     horizons = config.env.horizons or [None]
     envs: dict[int | None, Any] = {}
     demos = []
@@ -315,7 +312,7 @@ def build_demonstrations(config: SFTConfig, tokenizer: Any) -> list[Demonstratio
             if horizon not in envs:
                 extra = {} if horizon is None else {"horizon": horizon}
                 kwargs = {**config.env.kwargs, **extra, "split": "train"}
-                envs[horizon] = gymnasium.make(config.env.id, **kwargs).unwrapped
+                envs[horizon] = build(**kwargs).unwrapped
             seed = demonstration_seed(config.data.seed, i)
             demos.append(play_demonstration(envs[horizon], tokenizer, seed=seed))
     except NotImplementedError as exc:

@@ -59,6 +59,7 @@ from tir_rl import distributed as tdist
 from tir_rl.batch import MicroBatch, Packing, TrainBatch, plan_micro_batches
 from tir_rl.errors import ConfigError, did_you_mean
 from tir_rl.grpo import GRPOLoss
+from tir_rl.lr_schedule import LRSchedule, check_schedule, lr_factor
 from tir_rl.mismatch import (
     BypassMode,
     CorrectionResult,
@@ -165,7 +166,18 @@ class Trainer:
         """`bundled`, `tiny`, or a local Hugging Face checkpoint folder. In a run config, leave
         it unset: it follows the top-level `model` (another value is refused)."""
         lr: float = 1e-6
-        """AdamW learning rate."""
+        """AdamW learning rate (the peak, when `lr_schedule` or `warmup_steps` shape it)."""
+        lr_schedule: LRSchedule = LRSchedule.CONSTANT
+        """`constant` or `cosine` (decay to `min_lr_ratio`·lr at `schedule_steps`); both
+        start with `warmup_steps` of linear warm-up. Steps count `train_step` calls (RL steps
+        with an update to make; see `tir_rl.lr_schedule`)."""
+        warmup_steps: int = 0
+        """Linear warm-up: step s < warmup_steps uses lr·(s + 1)/(warmup_steps + 1)."""
+        schedule_steps: int = 0
+        """cosine only: the step where the decay reaches `min_lr_ratio`·lr (warm-up
+        included). 0 in a run config: `run.steps`."""
+        min_lr_ratio: float = 0.0
+        """cosine only: the final learning rate as a fraction of `lr`."""
         betas: tuple[float, float] = (0.9, 0.999)
         """AdamW betas."""
         eps: float = 1e-8
@@ -216,6 +228,12 @@ class Trainer:
                 raise ConfigError("trainer.micro_batch_tokens must be positive.")
             if self.lr < 0:
                 raise ConfigError(f"trainer.lr must be >= 0, got {self.lr}.")
+            check_schedule(
+                self.lr_schedule,
+                warmup_steps=self.warmup_steps,
+                schedule_steps=self.schedule_steps,
+                min_lr_ratio=self.min_lr_ratio,
+            )
 
     def __init__(
         self,
@@ -235,6 +253,7 @@ class Trainer:
 
         self.config = config or Trainer.Config()
         self.config.validate()
+        self.lr_at(0)  # refuse a schedule that cannot run (cosine without its length) now
         seed_everything(self.config.seed + tdist.rank())
         self.device = _pick_device(self.config.device)
         if self.config.tf32 and self.device.type != "cuda":
@@ -276,7 +295,7 @@ class Trainer:
                 "Trainer does not implement; use bypass 'off' or 'ppo_clip'."
             )
         self.step = 0
-        """Number of train_step calls so far (applied or skipped)."""
+        """Number of train_step calls so far (applied or skipped); the schedule's step."""
         self.num_skipped_nonfinite = 0
         self.num_skipped_guard = 0
 
@@ -446,6 +465,7 @@ class Trainer:
             }
         )
 
+        lr = self.lr_at(self.step)
         decision = None
         if guard is not None:
             decision = guard.check(
@@ -460,6 +480,8 @@ class Trainer:
             self.num_skipped_guard += 1
         else:
             self._clip(grad_norm)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
             self.optimizer.step()
             skipped = False
         self.optimizer.zero_grad(set_to_none=True)
@@ -469,6 +491,7 @@ class Trainer:
         metrics.update(
             {
                 "train/skipped": float(skipped),
+                "train/lr": lr,
                 "train/skipped_nonfinite": float(self.num_skipped_nonfinite),
                 "train/skipped_guard": float(self.num_skipped_guard),
                 "train/logprob_s": t_logprobs - t_start,
@@ -480,6 +503,17 @@ class Trainer:
         )
         self.step += 1
         return StepResult(total_loss, grad_norm, skipped, metrics, decision, old_logprobs)
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of optimizer step `step` under the configured schedule."""
+        c = self.config
+        return c.lr * lr_factor(
+            step,
+            c.lr_schedule,
+            warmup_steps=c.warmup_steps,
+            schedule_steps=c.schedule_steps,
+            min_lr_ratio=c.min_lr_ratio,
+        )
 
     def _correct(self, batch: TrainBatch, old_logprobs: torch.Tensor) -> CorrectionResult:
         return correction(

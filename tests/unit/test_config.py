@@ -116,3 +116,11 @@ def test_engine_and_trainer_follow_model_and_a_different_checkpoint_is_refused()
     for key in ("trainer.model", "engine.model_path"):
         with pytest.raises(ConfigError, match=f"{key}='bundled' differs from model='tiny'"):
             config.load(RunConfig, None, ["model=tiny", f"{key}=bundled"])
+
+
+def test_a_kl_penalty_is_refused_at_load_time_until_a_reference_model_exists():
+    from tir_rl.run_config import RunConfig
+
+    with pytest.raises(ConfigError, match=r"loss.kl_coef=0.1: .*not supported.*Set loss.kl_coef=0"):
+        config.load(RunConfig, None, ["loss.kl_coef=0.1"])
+    assert config.load(RunConfig, None, ["loss.kl_coef=0"]).loss.kl_coef == 0.0

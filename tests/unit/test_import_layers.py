@@ -36,6 +36,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "grpo",
             "token_stats",
+            "lr_schedule",
             "mismatch",
             "batch",
             "trainer",
