@@ -102,8 +102,8 @@ def run_rollout_command(
     seed `run.seed + i`, so the same command replays the same tasks.
     """
     from tir_rl.config import load
+    from tir_rl.config.run import RunConfig
     from tir_rl.errors import ConfigError
-    from tir_rl.run_config import RunConfig
     from tir_rl.runtime import env_factory, open_runtime, task_specs
 
     if num < 1 or group_size < 1:

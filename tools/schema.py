@@ -110,7 +110,8 @@ def _object_node(cls: type, seen: frozenset[type]) -> ObjectNode:
             f"cannot resolve the type hints of {cls.__name__}: {exc}"
         ) from exc
     doc = parse_docstring(cls.__doc__)
-    described = {**doc.args, **attribute_docstrings(cls)}
+    attributes = {k: " ".join(v.split()) for k, v in attribute_docstrings(cls).items()}
+    described = {**doc.args, **attributes}
     summary = doc.summary if not doc.summary.startswith(f"{cls.__name__}(") else ""
     fields: list[Field] = []
     if is_typeddict(cls):

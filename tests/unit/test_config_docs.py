@@ -1,14 +1,16 @@
 from dataclasses import dataclass
 from pathlib import Path
 
-from tir_rl.config_docs import field_docs, reference
+from tir_rl.config.reference import reference
+from tir_rl.tools.docstring import attribute_docstrings
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_configuration_reference_is_up_to_date():
     committed = (ROOT / "docs" / "configuration.md").read_text()
-    assert committed == reference(), "run: python -m tir_rl.config_docs > docs/configuration.md"
+    regenerate = "python -m tir_rl.config.reference > docs/configuration.md"
+    assert committed == reference(), f"run: {regenerate}"
 
 
 def test_every_config_field_is_documented():
@@ -19,7 +21,7 @@ def test_every_config_field_is_documented():
     assert undocumented == []
 
 
-def test_field_docs_reads_the_docstring_under_each_field():
+def test_attribute_docstrings_reads_the_docstring_under_each_field():
     @dataclass
     class Example:
         a: int = 1
@@ -29,4 +31,4 @@ def test_field_docs_reads_the_docstring_under_each_field():
         """third,
         on two lines"""
 
-    assert field_docs(Example) == {"a": "first", "c": "third,\non two lines"}
+    assert attribute_docstrings(Example) == {"a": "first", "c": "third,\non two lines"}

@@ -1,6 +1,7 @@
 import dataclasses
 
 from tir_rl.config import load
+from tir_rl.config.run import RunConfig
 from tir_rl.doctor import (
     Finding,
     Verdict,
@@ -9,7 +10,6 @@ from tir_rl.doctor import (
     measured_finding,
     static_findings,
 )
-from tir_rl.run_config import RunConfig
 from tir_rl.types import Trajectory
 
 

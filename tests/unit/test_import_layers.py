@@ -3,6 +3,12 @@
 Every module of tir_rl belongs to one stage, lowest first. A module may import its own stage
 and the stages below it, never one above: an environment does not know the chat format, the
 chat format does not know the engine, nothing below the entry points reads the run config.
+
+The `config` package spans two stages on purpose: its loader (`tir_rl.config`,
+`tir_rl.config.loading`) is foundation and knows no component, since every component owns its
+`Config`; the run config (`tir_rl.config.run`), which composes those `Config`s, and the
+reference generated from it (`tir_rl.config.reference`) are entry points. The longest name
+in `STAGES` decides, and the package's `__init__` imports the loader only.
 Imports are read from the source (module-level and function-local alike, `TYPE_CHECKING`
 blocks included), so a lazy import cannot hide an upward edge.
 """
@@ -47,8 +53,8 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "entry",
         (
-            "run_config",
-            "config_docs",
+            "config.run",
+            "config.reference",
             "runtime",
             "rollout_report",
             "train",

@@ -1,51 +1,29 @@
 """Generate the configuration reference (docs/configuration.md) from the config dataclasses.
 
-Field documentation is the docstring written under each field; it is read from the source
-with `ast`, so the reference can never drift from the code (a test regenerates and compares).
+Field documentation is the docstring written under each field, read from the source by
+`tir_rl.tools.docstring.attribute_docstrings` (the same reader that gives a tool's parameters
+their descriptions), so the reference can never drift from the code (a test regenerates and
+compares).
 
-    python -m tir_rl.config_docs > docs/configuration.md
+    python -m tir_rl.config.reference > docs/configuration.md
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import enum
 import inspect
-import textwrap
 import typing
 from typing import Any
 
-from tir_rl.config import to_dict
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """Docstrings written under the fields of dataclass `cls` (and its dataclass bases)."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass):
-            continue
-        try:
-            source = textwrap.dedent(inspect.getsource(klass))
-        except (OSError, TypeError):
-            continue
-        body = ast.parse(source).body[0].body  # type: ignore[attr-defined]
-        for node, after in zip(body, [*body[1:], None], strict=True):
-            if (
-                isinstance(node, ast.AnnAssign)
-                and isinstance(node.target, ast.Name)
-                and isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant)
-                and isinstance(after.value.value, str)
-            ):
-                docs[node.target.id] = inspect.cleandoc(after.value.value)
-    return docs
+from tir_rl.config.loading import to_dict
+from tir_rl.tools.docstring import attribute_docstrings
 
 
 def render(cls: type, default: Any, *, prefix: str = "") -> list[str]:
     """Markdown sections for the config tree rooted at `cls` with value `default`."""
     hints = typing.get_type_hints(cls)
-    docs = field_docs(cls)
+    docs = attribute_docstrings(cls)
     rows, nested = [], []
     for f in dataclasses.fields(cls):
         value = getattr(default, f.name)
@@ -69,15 +47,15 @@ def render(cls: type, default: Any, *, prefix: str = "") -> list[str]:
 
 def reference() -> str:
     """The whole configuration reference as Markdown."""
-    from tir_rl.run_config import RunConfig
+    from tir_rl.config.run import RunConfig
 
     header = [
         "# Configuration reference",
         "",
-        "Generated from the config dataclasses by `python -m tir_rl.config_docs`; do not edit.",
-        "Every key can be set in the YAML file or with `--set section.key=value`; an unknown",
-        "key is an error that names the nearest valid one. `correction_preset` names a recipe",
-        "(see docs/mismatch.md) whose fields the `correction` section can override.",
+        "Generated from the config dataclasses by `python -m tir_rl.config.reference`; do not",
+        "edit. Every key can be set in the YAML file or with `--set section.key=value`; an",
+        "unknown key is an error that names the nearest valid one. `correction_preset` names a",
+        "recipe (see docs/mismatch.md) whose fields the `correction` section can override.",
         "",
     ]
     return "\n".join(header + render(RunConfig, RunConfig())) + "\n"
