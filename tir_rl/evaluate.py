@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tir_rl.config.run import RunConfig
 from tir_rl.errors import ConfigError
-from tir_rl.eval_stats import EvalReport, build_report, format_table
+from tir_rl.report.eval_stats import EvalReport, build_report, format_table
 
 
 def resolve_checkpoint(checkpoint: str) -> str:

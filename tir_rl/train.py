@@ -24,7 +24,7 @@ equals the world-size-1 step. Rank-0-only work (rollouts, eval, engine sync) run
 `distributed.rank0_share`, which also hands its failure to the other ranks (Ctrl-C,
 ParityError, any error), so every rank reaches the same collective checkpoint; outside it
 rank 0 defers Ctrl-C and the other ranks ignore it (`distributed.interrupt_handling`). The
-step's metrics row is built by `tir_rl.step_metrics`.
+step's metrics row is built by `tir_rl.report.step_metrics`.
 """
 
 from __future__ import annotations
@@ -49,12 +49,12 @@ from tir_rl.config import dump, load
 from tir_rl.config.run import RunConfig
 from tir_rl.errors import ConfigError, ParityError, TirError
 from tir_rl.mismatch.injection import MismatchInjection
-from tir_rl.step_metrics import StepOutcome, episode_row, step_row
+from tir_rl.report.step_metrics import StepOutcome, episode_row, step_row
 from tir_rl.types import Trajectory
 
 if TYPE_CHECKING:
     from tir_rl.batch import TrainBatch
-    from tir_rl.eval_stats import Estimate, EvalReport
+    from tir_rl.report.eval_stats import Estimate, EvalReport
     from tir_rl.trainer import StepResult
 
 logger = logging.getLogger(__name__)
@@ -224,8 +224,8 @@ class _TrainLoop:
     def __init__(self, config: RunConfig, runtime: Any, *, resume: bool) -> None:
         from tir_rl.engine.parity import probe_ids_from_text
         from tir_rl.grpo import GRPOLoss
-        from tir_rl.metrics import MetricsLogger
         from tir_rl.mismatch.guard import CollapseGuard
+        from tir_rl.report.run_log import MetricsLogger
         from tir_rl.runtime import env_factory
         from tir_rl.trainer import Trainer
 
@@ -454,7 +454,7 @@ class _TrainLoop:
         self, steps_done: int, row: dict[str, float], plan: _StepPlan, logprobs: torch.Tensor | None
     ) -> None:
         """Rank 0: the metrics row, a few trajectories with their trainer logprobs, plots."""
-        from tir_rl.metrics import save_trajectories
+        from tir_rl.report.run_log import save_trajectories
 
         cfg = self.config.run
         self.metrics.log(steps_done, row)
@@ -502,7 +502,7 @@ class _TrainLoop:
 
     def _evaluate(self) -> tuple[EvalReport, list[Trajectory]]:
         """Play the held-out tasks with the engine's current weights."""
-        from tir_rl.eval_stats import build_report
+        from tir_rl.report.eval_stats import build_report
         from tir_rl.runtime import task_specs
 
         cfg = self.config.run
@@ -528,7 +528,7 @@ class _TrainLoop:
         report: EvalReport,
         trajectories: list[Trajectory],
     ) -> None:
-        """Metrics row, `<prefix>_step_<step>.json` and one printed line for an evaluation."""
+        """Metrics row, `<prefix>_step_<step>.json` and one logged line for an evaluation."""
         accuracy = report.pass_at_1
         row = {
             f"{prefix}/pass_at_1": accuracy.value,
@@ -540,8 +540,10 @@ class _TrainLoop:
         self.metrics.log(step, row)
         (self.run_dir / f"{prefix}_step_{step}.json").write_text(report.to_json() + "\n")
         sampler = " (clean sampler)" if prefix == "eval_clean" else ""
-        print(f"held-out pass@1{sampler} {when} training (step {step}): {accuracy} "
-              f"({report.num_tasks} tasks × {report.samples_per_task})", flush=True)  # fmt: skip
+        logger.info(
+            "held-out pass@1%s %s training (step %d): %s (%d tasks × %d)",
+            sampler, when, step, accuracy, report.num_tasks, report.samples_per_task,
+        )  # fmt: skip
 
     def _sync_weights(self, *, force: bool = False) -> Any:
         """Trainer weights -> engine, then the parity probe (every rank calls this).
@@ -591,7 +593,7 @@ class _TrainLoop:
         self.summary.checkpoints.append(path)
 
     def _plots(self) -> None:
-        from tir_rl.plots import write_plots
+        from tir_rl.report.plots import write_plots
 
         try:
             write_plots(self.run_dir)

@@ -46,17 +46,15 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "batch",
             "trainer",
             "checkpoint",
-            "collapse_verdict",
         ),
     ),
-    ("reporting", ("metrics", "step_metrics", "eval_stats", "plots", "viewer", "viewer_style")),
+    ("reporting", ("report",)),
     (
         "entry",
         (
             "config.run",
             "config.reference",
             "runtime",
-            "rollout_report",
             "train",
             "evaluate",
             "doctor",
