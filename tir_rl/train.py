@@ -10,7 +10,7 @@
     │                 Trainer.train_step: ℓ^old (update forward) ─► mismatch metrics ─► correction
     │                   │                  ─► PPO-clip loss ─► clip ─► AdamW (or skip)
     │                   ▼
-    └── weight sync: trainer state dict ─► engine.update_weights ─► parity probe
+    └── weight sync (WeightSync): trainer state dict ─► engine.update_weights ─► parity probe
 
 Every step writes `metrics.jsonl` (+ TensorBoard), sample trajectories and plots to the run
 folder; held-out accuracy is measured before training, every `run.eval_every` steps and at
@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import time
 from collections.abc import Callable
@@ -51,9 +50,11 @@ from tir_rl.errors import ConfigError, ParityError, TirError
 from tir_rl.mismatch.injection import MismatchInjection
 from tir_rl.report.step_metrics import StepOutcome, episode_row, step_row
 from tir_rl.types import Trajectory
+from tir_rl.weight_sync import WeightSync
 
 if TYPE_CHECKING:
     from tir_rl.batch import TrainBatch
+    from tir_rl.engine.parity import ParityReport
     from tir_rl.report.eval_stats import Estimate, EvalReport
     from tir_rl.trainer import StepResult
 
@@ -246,14 +247,18 @@ class _TrainLoop:
         self.guard = CollapseGuard(guard_config)
         self.injection = MismatchInjection(config.inject)
         self.num_updates = 0
-        self._stale_sampler_state: dict[str, torch.Tensor] | None = None
         if self.rank0 and config.inject.active:
             logger.warning("%s", self.injection.describe())
         if self.rank0:
             self.train_env = env_factory(config.env, config.env.train_split)
             self.eval_env = env_factory(config.env, config.env.eval_split)
         probe_ids = probe_ids_from_text(runtime.tokenizer) if self.rank0 else None
-        self.probe_ids: list[int] = tdist.broadcast_object(probe_ids)  # type: ignore[assignment]
+        self.weight_sync = WeightSync(
+            self.injection,
+            probe_ids=tdist.broadcast_object(probe_ids),  # type: ignore[arg-type]
+            parity_tolerance=config.run.parity_tolerance,
+            keep_stale_copy=config.run.eval_clean_sampler,
+        )
         self.start_step = 0
         if resume:
             ckpt = latest_checkpoint(self.run_dir)
@@ -361,20 +366,14 @@ class _TrainLoop:
         """Held-out evaluation of the trainer's exact weights (`run.eval_clean_sampler`).
 
         The engine gets the trainer's state for the evaluation, then the sampler's weights
-        back: recomputed from the same state, or the stale copy `_sync_weights` kept.
+        back (`WeightSync.rank0_exact_weights`).
         """
         full = self.trainer.rank0_full_state_dict()
 
         def clean() -> tuple[None, list[None]]:
             engine = self.runtime.engine
-            restore = self._stale_sampler_state or self.injection.sampler_state(
-                full, self.num_updates, force=True
-            )
-            asyncio.run(engine.update_weights(full))
-            try:
+            with self.weight_sync.rank0_exact_weights(engine, full, self.num_updates):
                 self._log_evaluation(step, when, "eval_clean", *self._evaluate())
-            finally:
-                asyncio.run(engine.update_weights(restore))
             return None, [None] * self.world
 
         self._share(clean)
@@ -545,42 +544,21 @@ class _TrainLoop:
             sampler, when, step, accuracy, report.num_tasks, report.samples_per_task,
         )  # fmt: skip
 
-    def _sync_weights(self, *, force: bool = False) -> Any:
+    def _sync_weights(self, *, force: bool = False) -> ParityReport | None:
         """Trainer weights -> engine, then the parity probe (every rank calls this).
 
         With `inject` set, the engine gets the injected sampler weights (or nothing, on a
         stale step: returns None) and the probe logs the gap instead of raising.
         """
-        from tir_rl.engine.parity import probe_parity, transformers_logprobs
-
-        if not force and not self.injection.syncs_after(self.num_updates):
+        if not self.weight_sync.due(self.num_updates, force=force):
             return None  # stale sampler: every rank skips the same syncs
-        full = self.trainer.rank0_full_state_dict()
-        state = full  # only rank 0 holds the full state; it is unchanged when not injecting
-        if self.rank0:
-            state = self.injection.sampler_state(full, self.num_updates, force=True)
-            if self.config.run.eval_clean_sampler and self.injection.config.sync_every > 1:
-                # A clean evaluation must hand the engine this stale state back afterwards.
-                self._stale_sampler_state = {k: v.detach().clone() for k, v in state.items()}
-        tolerance = self.config.run.parity_tolerance if self.injection.strict_parity else math.inf
-        # The trainer side of the probe is a forward pass: with FSDP2 every rank runs it.
-        trainer_logprobs = transformers_logprobs(self.trainer.model, self.probe_ids).tolist()
+        prepared = self.weight_sync.prepare(self.trainer, self.num_updates)
 
-        def sync() -> tuple[Any, list[None]]:
-            engine = self.runtime.engine
+        def send() -> tuple[ParityReport, list[None]]:
+            report = asyncio.run(self.weight_sync.rank0_send(self.runtime.engine, prepared))
+            return report, [None] * self.world
 
-            async def update_and_probe() -> Any:
-                await engine.update_weights(state)
-                return await probe_parity(
-                    engine,
-                    lambda ids: trainer_logprobs,
-                    self.probe_ids,
-                    tolerance=tolerance,
-                )
-
-            return asyncio.run(update_and_probe()), [None] * self.world
-
-        report, _ = self._share(sync)
+        report, _ = self._share(send)
         return report
 
     def _checkpoint(self, step: int) -> None:

@@ -44,10 +44,12 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "token_stats",
             "mismatch",
             "batch",
+            "optimizer",
             "trainer",
             "checkpoint",
         ),
     ),
+    ("weight sync", ("weight_sync",)),
     ("reporting", ("report",)),
     (
         "entry",
