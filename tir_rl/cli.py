@@ -166,6 +166,7 @@ _EPILOG_SANDBOX = """examples:
 
 def _cmd_sandbox(args: argparse.Namespace) -> int:
     from tir_rl.sandbox import commands
+    from tir_rl.sandbox.hostile import format_table
 
     if args.action == "build":
         print(commands.build(force=args.force, packages=args.packages))
@@ -175,7 +176,15 @@ def _cmd_sandbox(args: argparse.Namespace) -> int:
         return 0
     overrides = list(args.set) + ([f"backend={args.backend}"] if args.backend else [])
     config = commands.load_sandbox_config(args.config, overrides)
-    return 0 if commands.check(config, include_slow=args.slow, names=args.case) else 1
+    print(f"hostile-input suite against the {config.backend.value} backend", flush=True)
+    reports = commands.check(
+        config,
+        include_slow=args.slow,
+        names=args.case,
+        on_report=lambda r: print(f"  {'pass' if r.passed else 'FAIL'}  {r.name}", flush=True),
+    )
+    print(format_table(reports))
+    return 0 if all(r.passed for r in reports) else 1
 
 
 def _cmd_rollout(args: argparse.Namespace) -> int:
