@@ -93,8 +93,8 @@ class Result:
 
 def dump_tasks(shape: Shape, path: Path) -> int:
     """Write the prompts, answers and knowledge bases of the run's train tasks, in order."""
-    from tir_rl.config.run import EnvSection
     from tir_rl.envs.knowledge_base import RELATIONS
+    from tir_rl.run_config import EnvSection
     from tir_rl.runtime import env_factory
 
     make = env_factory(EnvSection(id=ENV_ID, kwargs=shape.env_kwargs), "train")
@@ -129,7 +129,7 @@ def dump_tasks(shape: Shape, path: Path) -> int:
 
 def run_tir_rl(shape: Shape, out_dir: Path) -> Result:
     """tir-rl's own loop (`run_train`) on the shape; numbers from its metrics.jsonl."""
-    from tir_rl.config.run import EnvSection, RunConfig, RunSection
+    from tir_rl.run_config import EnvSection, RunConfig, RunSection
     from tir_rl.train import run_train
 
     config = RunConfig(model="bundled")

@@ -41,8 +41,8 @@ _EPILOG_EVAL = """examples:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from tir_rl.config import load
-    from tir_rl.config.run import RunConfig
     from tir_rl.report.eval_stats import describe_change
+    from tir_rl.run_config import RunConfig
     from tir_rl.train import load_resume_config, run_train
 
     if args.nproc_per_node > 1:
@@ -75,8 +75,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tir_rl.config import load
-    from tir_rl.config.run import RunConfig
     from tir_rl.evaluate import format_table, resolve_checkpoint, run_eval
+    from tir_rl.run_config import RunConfig
 
     model = resolve_checkpoint(args.checkpoint)
     overrides = [f"model={model}", f"env.eval_split={args.split}", *args.set]
@@ -119,8 +119,8 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from tir_rl.config import load
-    from tir_rl.config.run import RunConfig
     from tir_rl.doctor import Verdict, format_findings, run_doctor
+    from tir_rl.run_config import RunConfig
 
     config = load(RunConfig, args.config, args.set)
     findings = run_doctor(config, num_episodes=args.episodes)
@@ -189,8 +189,8 @@ def _cmd_sandbox(args: argparse.Namespace) -> int:
 
 def _cmd_rollout(args: argparse.Namespace) -> int:
     from tir_rl.config import load
-    from tir_rl.config.run import RunConfig
     from tir_rl.report.trajectory_text import RULE, format_summary, format_trajectory, write_jsonl
+    from tir_rl.run_config import RunConfig
     from tir_rl.runtime import play_episodes
 
     config = load(RunConfig, args.config, args.set)
@@ -223,9 +223,9 @@ def _cmd_view(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     from tir_rl.config import load
-    from tir_rl.config.run import RunConfig
     from tir_rl.models import resolve_model
     from tir_rl.report.viewer import render_saved
+    from tir_rl.run_config import RunConfig
 
     source = Path(args.source)
     run_dir = source if source.is_dir() else source.parent

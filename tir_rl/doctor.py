@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from tir_rl.config.run import RunConfig
 from tir_rl.engine.reaping import EngineProcess, reap_leftovers
+from tir_rl.run_config import RunConfig
 from tir_rl.types import Trajectory
 
 if TYPE_CHECKING:

@@ -6,9 +6,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tir_rl.config.run import RunConfig
 from tir_rl.errors import ConfigError
 from tir_rl.report.eval_stats import EvalReport, build_report, format_table
+from tir_rl.run_config import RunConfig
 
 
 def resolve_checkpoint(checkpoint: str) -> str:

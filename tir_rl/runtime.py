@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tir_rl.config.run import EnvSection, RunConfig
 from tir_rl.engine.base import Engine
 from tir_rl.errors import ConfigError, did_you_mean
+from tir_rl.run_config import EnvSection, RunConfig
 from tir_rl.types import Trajectory
 
 logger = logging.getLogger(__name__)

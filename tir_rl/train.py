@@ -45,10 +45,10 @@ from tir_rl import checkpoint
 from tir_rl import distributed as tdist
 from tir_rl.checkpoint import latest_checkpoint, step_folder
 from tir_rl.config import dump, load
-from tir_rl.config.run import RunConfig
 from tir_rl.errors import ConfigError, ParityError, TirError
 from tir_rl.mismatch.injection import MismatchInjection
 from tir_rl.report.step_metrics import StepOutcome, episode_row, step_row
+from tir_rl.run_config import RunConfig
 from tir_rl.types import Trajectory
 from tir_rl.weight_sync import WeightSync
 

@@ -1,13 +1,11 @@
-"""Docstrings read from the code: the text a model reads about a tool and its parameters.
+"""Google-style docstring parsing: the text a model reads about a tool and its parameters.
 
-`parse_docstring` splits a Google-style docstring; `attribute_docstrings` reads the docstrings
-written under class attributes (tool parameter types, and every config field for the
-generated configuration reference).
+The docstrings written under the fields of a parameter type are read by
+`tir_rl.config.field_docs`, the one reader of field docstrings.
 """
 
 from __future__ import annotations
 
-import ast
 import inspect
 import re
 import textwrap
@@ -92,44 +90,6 @@ def parse_docstring(doc: str | None) -> Docstring:
         " ".join(_paragraphs(sections[h])) for h in _RETURNS_HEADERS if h in sections
     )
     return Docstring(summary=summary, body=body, args=args, returns=returns)
-
-
-def attribute_docstrings(cls: type) -> dict[str, str]:
-    """Docstrings written under class attributes (`x: int` then `\"\"\"text\"\"\"`).
-
-    The one reader of attribute docstrings: tool parameter types (dataclasses, TypedDicts)
-    and the config reference (`tir_rl.config.reference`) both use it. Bases are read first,
-    so a subclass inherits its bases' attribute docs and may override them.
-
-    Args:
-        cls: a class (dataclass or TypedDict) whose source may be available.
-
-    Returns:
-        Attribute name -> its docstring (`inspect.cleandoc`: line breaks kept); a class
-        whose source is unavailable contributes nothing.
-    """
-    found: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if klass is object:
-            continue
-        try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-        except (OSError, TypeError, SyntaxError):
-            continue
-        class_defs = [node for node in tree.body if isinstance(node, ast.ClassDef)]
-        if not class_defs:
-            continue
-        body = class_defs[0].body
-        for node, following in zip(body, body[1:], strict=False):
-            if (
-                isinstance(node, ast.AnnAssign)
-                and isinstance(node.target, ast.Name)
-                and isinstance(following, ast.Expr)
-                and isinstance(following.value, ast.Constant)
-                and isinstance(following.value.value, str)
-            ):
-                found[node.target.id] = inspect.cleandoc(following.value.value)
-    return found
 
 
 def _paragraphs(lines: list[str]) -> list[str]:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from tir_rl.config import load
-from tir_rl.config.run import RunConfig
+from tir_rl.run_config import RunConfig
 
 LAB = Path(__file__).resolve().parents[2] / "bench" / "collapse"
 sys.path.insert(0, str(LAB))

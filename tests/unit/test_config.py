@@ -96,7 +96,7 @@ def test_partial_section_keeps_the_defaults_of_the_field():
 
 
 def test_every_shipped_config_loads():
-    from tir_rl.config.run import RunConfig
+    from tir_rl.run_config import RunConfig
 
     root = Path(__file__).resolve().parents[2] / "configs"
     files = sorted(root.glob("*.yaml"))
@@ -107,7 +107,7 @@ def test_every_shipped_config_loads():
 
 
 def test_engine_and_trainer_follow_model_and_a_different_checkpoint_is_refused():
-    from tir_rl.config.run import RunConfig
+    from tir_rl.run_config import RunConfig
 
     cfg = config.load(RunConfig, None, ["model=tiny"])
     assert cfg.engine.model_path == cfg.trainer.model == "tiny"

@@ -1,7 +1,6 @@
 import dataclasses
 
 from tir_rl.config import load
-from tir_rl.config.run import RunConfig
 from tir_rl.doctor import (
     Finding,
     Verdict,
@@ -10,6 +9,7 @@ from tir_rl.doctor import (
     measured_finding,
     static_findings,
 )
+from tir_rl.run_config import RunConfig
 from tir_rl.types import Trajectory
 
 

@@ -3,14 +3,12 @@
 Every module of tir_rl belongs to one stage, lowest first. A module may import its own stage
 and the stages below it, never one above: an environment does not know the chat format, the
 chat format does not know the engine, nothing below the entry points reads the run config.
-
-The `config` package spans two stages on purpose: its loader (`tir_rl.config`,
-`tir_rl.config.loading`) is foundation and knows no component, since every component owns its
-`Config`; the run config (`tir_rl.config.run`), which composes those `Config`s, and the
-reference generated from it (`tir_rl.config.reference`) are entry points. The longest name
-in `STAGES` decides, and the package's `__init__` imports the loader only.
 Imports are read from the source (module-level and function-local alike, `TYPE_CHECKING`
 blocks included), so a lazy import cannot hide an upward edge.
+
+The configuration is split by what it knows: the loader (`tir_rl.config`) is foundation and
+knows no component, since every component owns its `Config`; the run config
+(`tir_rl.run_config`), which composes those `Config`s, is an entry point.
 """
 
 from __future__ import annotations
@@ -54,8 +52,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "entry",
         (
-            "config.run",
-            "config.reference",
+            "run_config",
             "runtime",
             "train",
             "evaluate",

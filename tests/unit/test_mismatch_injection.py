@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from tir_rl import config
-from tir_rl.config.run import RunConfig
 from tir_rl.engine.vllm_local import VLLMLocalEngine
 from tir_rl.errors import ConfigError
 from tir_rl.mismatch.injection import (
@@ -18,6 +17,7 @@ from tir_rl.mismatch.injection import (
     MismatchInjection,
     output_projection_keys,
 )
+from tir_rl.run_config import RunConfig
 
 
 def llama_state_dict(*, tied: bool) -> dict[str, torch.Tensor]:
@@ -246,6 +246,6 @@ def test_run_config_refuses_bad_injection(overrides, match):
 
 
 def test_raw_logprobs_at_temperature_one_warns(caplog):
-    with caplog.at_level(logging.WARNING, logger="tir_rl.config.run"):
+    with caplog.at_level(logging.WARNING, logger="tir_rl.run_config"):
         config.load(RunConfig, overrides=["inject.raw_logprobs=true"])
     assert "no effect at rollout.temperature=1" in caplog.text

@@ -1,11 +1,8 @@
-"""Generate the configuration reference (docs/configuration.md) from the config dataclasses.
+"""A configuration reference in Markdown, generated from a tree of config dataclasses.
 
-Field documentation is the docstring written under each field, read from the source by
-`tir_rl.tools.docstring.attribute_docstrings` (the same reader that gives a tool's parameters
-their descriptions), so the reference can never drift from the code (a test regenerates and
-compares).
-
-    python -m tir_rl.config.reference > docs/configuration.md
+Field documentation is the docstring written under each field (`field_docs`), so the
+reference can never drift from the code. The run config's reference is docs/configuration.md
+(`python -m tir_rl.run_config > docs/configuration.md`; a test regenerates and compares).
 """
 
 from __future__ import annotations
@@ -14,16 +11,17 @@ import dataclasses
 import enum
 import inspect
 import typing
+from collections.abc import Sequence
 from typing import Any
 
+from tir_rl.config.field_docs import field_docs
 from tir_rl.config.loading import to_dict
-from tir_rl.tools.docstring import attribute_docstrings
 
 
 def render(cls: type, default: Any, *, prefix: str = "") -> list[str]:
     """Markdown sections for the config tree rooted at `cls` with value `default`."""
     hints = typing.get_type_hints(cls)
-    docs = attribute_docstrings(cls)
+    docs = field_docs(cls)
     rows, nested = [], []
     for f in dataclasses.fields(cls):
         value = getattr(default, f.name)
@@ -45,20 +43,9 @@ def render(cls: type, default: Any, *, prefix: str = "") -> list[str]:
     return out
 
 
-def reference() -> str:
-    """The whole configuration reference as Markdown."""
-    from tir_rl.config.run import RunConfig
-
-    header = [
-        "# Configuration reference",
-        "",
-        "Generated from the config dataclasses by `python -m tir_rl.config.reference`; do not",
-        "edit. Every key can be set in the YAML file or with `--set section.key=value`; an",
-        "unknown key is an error that names the nearest valid one. `correction_preset` names a",
-        "recipe (see docs/mismatch.md) whose fields the `correction` section can override.",
-        "",
-    ]
-    return "\n".join(header + render(RunConfig, RunConfig())) + "\n"
+def reference(root: type, *, header: Sequence[str] = ()) -> str:
+    """The Markdown reference of the config tree `root` (at its defaults), after `header`."""
+    return "\n".join([*header, *render(root, root())]) + "\n"
 
 
 def _type_name(tp: Any) -> str:
@@ -71,6 +58,3 @@ def _value(value: Any) -> str:
         return str(value.value)
     return str(to_dict(value))
 
-
-if __name__ == "__main__":
-    print(reference(), end="")

@@ -11,10 +11,10 @@ steps of 4 tasks, 48 held-out tasks) failed once in CI by chance: 0.333 [0.208, 
 import pytest
 
 from tir_rl.config import load
-from tir_rl.config.run import RunConfig
 from tir_rl.lab_model import LabModelSpec
 from tir_rl.models import prepare_lab_model
 from tir_rl.report.run_log import read_metrics
+from tir_rl.run_config import RunConfig
 from tir_rl.train import run_train
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model]

@@ -5,11 +5,11 @@ import dataclasses
 import pytest
 
 from tir_rl import config
-from tir_rl.config.run import RunConfig
 from tir_rl.engine.choice import HTTP_KEYS, EngineConfig, EngineKind
 from tir_rl.engine.vllm_http import ServerAddress, VLLMHttpEngine
 from tir_rl.engine.vllm_local import VLLMLocalEngine
 from tir_rl.errors import ConfigError
+from tir_rl.run_config import RunConfig
 
 HTTP = [
     "model=tiny",
