@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tir_rl import distributed as tdist
-from tir_rl.engine.parity import ParityReport, probe_parity, transformers_logprobs
+from tir_rl.engine import parity
 from tir_rl.mismatch.injection import MismatchInjection
 
 if TYPE_CHECKING:
@@ -99,17 +99,17 @@ class WeightSync:
             if self.keep_stale_copy:
                 self._stale_state = {k: v.detach().clone() for k, v in state.items()}
         # The trainer side of the probe is a forward pass: with FSDP2 every rank runs it.
-        logprobs = transformers_logprobs(trainer.model, self.probe_ids).tolist()
+        logprobs = parity.transformers_logprobs(trainer.model, self.probe_ids).tolist()
         return PreparedSync(state, logprobs)
 
-    async def rank0_send(self, engine: Engine, prepared: PreparedSync) -> ParityReport:
+    async def rank0_send(self, engine: Engine, prepared: PreparedSync) -> parity.ParityReport:
         """Rank 0: load the prepared weights into the engine, then run the parity probe.
 
         Raises:
             ParityError: the gap exceeds the tolerance (never while injecting).
         """
         await engine.update_weights(prepared.state)
-        return await probe_parity(
+        return await parity.probe_parity(  # looked up at call time, so a test may replace it
             engine,
             lambda ids: prepared.trainer_logprobs,
             self.probe_ids,
