@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from tir_rl.errors import SandboxError, SetupError
+from tir_rl.sandbox.base import BackendConfig
 from tir_rl.sandbox.image import ImageBuilder, repl_source
-from tir_rl.sandbox.pool import CellLimits, WarmPool
+from tir_rl.sandbox.pool import WarmPool
 from tir_rl.sandbox.protocol import (
     PROTOCOL_VERSION,
     LineReader,
@@ -51,45 +52,19 @@ class BwrapBackend:
     """Starts bubblewrap sandboxes (or, with ``isolated=False``, plain subprocesses)."""
 
     @dataclass(kw_only=True)
-    class Config:
+    class Config(BackendConfig):
         """bubblewrap sandbox settings."""
 
         rootfs: Path | None = None
         """Root file system bound read-only as ``/``; default: the last `tir-rl sandbox build`."""
-        pool_size: int = 4
-        """Sandboxes kept started and waiting for an episode."""
-        max_parallel_starts: int = 2
-        """Sandboxes started at the same time when refilling the pool."""
-        memory_mb: int = 512
-        """Memory limit (cgroup when root; else an address-space rlimit, much coarser)."""
-        pids_limit: int = 64
-        """Process limit (cgroup when root; else RLIMIT_NPROC, which counts per user)."""
-        tmpfs_mb: int = 64
-        """Size of the private ``/tmp``."""
-        nofile: int = 256
-        """Open-file limit."""
-        fsize_bytes: int = 64 << 20
-        """Largest file a process may write."""
         uid: int = 1000
         """Unprivileged uid that bubblewrap (and the code) runs as when started as root."""
         cgroups: bool = True
         """Put each sandbox in its own memory/pids cgroup when running as root (else, and
         when not root, coarse rlimits stand in: see docs/sandbox.md)."""
-        preload: tuple[str, ...] = ()
-        """Modules imported when a sandbox starts."""
-        start_timeout_s: float = 60.0
-        """How long a new sandbox may take to answer its first ping."""
         busy_retry_s: float = 10.0
         """How long to keep retrying a start the kernel refuses for now (EAGAIN: without
         cgroups, RLIMIT_NPROC counts every process of `uid`, e.g. a fork bomb still dying)."""
-        default_timeout_s: float = 10.0
-        """Soft per-call deadline when the caller gives none."""
-        hard_grace_s: float = 2.0
-        """Seconds after the soft deadline before the sandbox is killed."""
-        max_output_bytes: int = 16384
-        """Cap on stdout, stderr, result and traceback of one call, each."""
-        max_code_bytes: int = 1 << 20
-        """Larger code or argument payloads are refused."""
 
     config: Config = field(default_factory=Config)
     isolated: bool = True
@@ -105,11 +80,8 @@ class BwrapBackend:
                 raise SetupError(f"no sandbox root file system at {self.rootfs()}: "
                                  "run `tir-rl sandbox build`")
         cfg = self.config
-        limits = CellLimits(default_timeout_s=cfg.default_timeout_s, hard_grace_s=cfg.hard_grace_s,
-                            max_code_bytes=cfg.max_code_bytes,
-                            max_output_bytes=cfg.max_output_bytes)
         return WarmPool(self.start_worker, size=cfg.pool_size,
-                        max_parallel_starts=cfg.max_parallel_starts, limits=limits)
+                        max_parallel_starts=cfg.max_parallel_starts, limits=cfg.cell_limits())
 
     def rootfs(self) -> Path:
         """The root file system the sandboxes run on."""

@@ -1,17 +1,21 @@
-"""What `tir-rl sandbox build | check | clean` do (the CLI only parses arguments)."""
+"""What `tir-rl sandbox build | check | clean` do (the CLI parses arguments and prints)."""
 
 from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from tir_rl.config import from_dict, merge, parse_overrides
 from tir_rl.errors import ConfigError
 from tir_rl.sandbox import Backend, SandboxConfig, configure, open_episode, shutdown
+
+if TYPE_CHECKING:
+    from tir_rl.sandbox.hostile import CaseReport
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +42,18 @@ def build(*, force: bool, packages: Sequence[str] | None) -> str:
     return ImageBuilder(config=config).build(force=force)
 
 
-def check(config: SandboxConfig, *, include_slow: bool, names: Sequence[str]) -> bool:
-    """Run the hostile-input suite against the configured backend; print a table."""
-    from tir_rl.sandbox.hostile import CASES, format_table, run_suite
+def check(
+    config: SandboxConfig,
+    *,
+    include_slow: bool,
+    names: Sequence[str],
+    on_report: Callable[[CaseReport], None] | None = None,
+) -> list[CaseReport]:
+    """Run the hostile-input suite against the configured backend; return its reports.
+
+    `on_report` gets each case's report as soon as it is done (the CLI prints a line).
+    """
+    from tir_rl.sandbox.hostile import CASES, run_suite
 
     unknown = set(names) - {c.name for c in CASES}
     if unknown:
@@ -49,18 +62,13 @@ def check(config: SandboxConfig, *, include_slow: bool, names: Sequence[str]) ->
     configure(config)
     backend = config.backend
     grace = (config.docker if backend is Backend.DOCKER else config.bwrap).hard_grace_s
-    print(f"hostile-input suite against the {backend.value} backend", flush=True)
     try:
-        reports = run_suite(
+        return run_suite(
             lambda: open_episode(), grace_s=grace, include_slow=include_slow,
-            names=list(names) or None,
-            on_report=lambda r: print(f"  {'pass' if r.passed else 'FAIL'}  {r.name}",
-                                      flush=True),
+            names=list(names) or None, on_report=on_report,
         )
     finally:
         shutdown()
-    print(format_table(reports))
-    return all(r.passed for r in reports)
 
 
 def clean(*, everything: bool) -> int:

@@ -24,8 +24,9 @@ from typing import Any
 
 from tir_rl.errors import SandboxError, SetupError
 from tir_rl.process_owner import owner_alive, owner_id
+from tir_rl.sandbox.base import BackendConfig
 from tir_rl.sandbox.image import repl_source
-from tir_rl.sandbox.pool import CellLimits, WarmPool
+from tir_rl.sandbox.pool import WarmPool
 from tir_rl.sandbox.protocol import (
     PROTOCOL_VERSION,
     LineReader,
@@ -51,44 +52,20 @@ class DockerBackend:
     """Starts hardened containers and cleans up after crashed runs."""
 
     @dataclass(kw_only=True)
-    class Config:
+    class Config(BackendConfig):
         """Docker sandbox settings (every hardening flag is configurable)."""
 
+        pool_size: int = 8  # Docker's own defaults of two `BackendConfig` fields
+        max_parallel_starts: int = 4
         image: str = "tir-rl-sandbox:latest"
         """Image with ``python3`` (built by `tir-rl sandbox build`)."""
-        pool_size: int = 8
-        """Containers kept started and waiting for an episode."""
-        max_parallel_starts: int = 4
-        """Containers started at the same time when refilling the pool."""
-        memory_mb: int = 512
-        """Memory limit (swap included); exceeding it kills the interpreter."""
-        pids_limit: int = 64
-        """Maximum processes and threads in one container (stops fork bombs)."""
         cpus: float = 1.0
         """CPU share of one container."""
-        tmpfs_mb: int = 64
-        """Size of the writable ``/tmp`` (the only writable place)."""
-        nofile: int = 256
-        """Open-file limit."""
-        fsize_bytes: int = 64 << 20
-        """Largest file a process may write."""
         user: str = "1000:1000"
         """uid:gid the interpreter runs as (never root)."""
         network: str = "auto"
         """'auto': ``none`` on daemons with a bridge, the daemon default (loopback only) on a
         bridge-less daemon as set up by scripts/docker-engine.sh; or a Docker network mode."""
-        preload: tuple[str, ...] = ()
-        """Modules imported when a container starts (e.g. 'numpy'), before any episode."""
-        start_timeout_s: float = 60.0
-        """How long a new container may take to answer its first ping."""
-        default_timeout_s: float = 10.0
-        """Soft per-call deadline when the caller gives none."""
-        hard_grace_s: float = 2.0
-        """Seconds after the soft deadline before the container is killed."""
-        max_output_bytes: int = 16384
-        """Cap on stdout, stderr, result and traceback of one call, each."""
-        max_code_bytes: int = 1 << 20
-        """Larger code or argument payloads are refused."""
         docker_host: str | None = None
         """Engine address; default: ``$DOCKER_HOST`` or the local socket."""
 
@@ -124,14 +101,9 @@ class DockerBackend:
         """Clean leftovers of crashed runs, check the image, and start a warm pool."""
         clean_containers(self.api, own_run_id=self.run_id, everything=False)
         self.check_image()
-        limits = CellLimits(
-            default_timeout_s=self.config.default_timeout_s,
-            hard_grace_s=self.config.hard_grace_s,
-            max_code_bytes=self.config.max_code_bytes,
-            max_output_bytes=self.config.max_output_bytes,
-        )
         return WarmPool(self.start_worker, size=self.config.pool_size,
-                        max_parallel_starts=self.config.max_parallel_starts, limits=limits)
+                        max_parallel_starts=self.config.max_parallel_starts,
+                        limits=self.config.cell_limits())
 
     def _network(self) -> str | None:
         if self.config.network != "auto":

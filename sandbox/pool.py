@@ -24,30 +24,16 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from tir_rl.errors import SandboxError, SetupError
-from tir_rl.sandbox.base import ExecResult
+from tir_rl.sandbox.base import CellLimits, ExecResult
 from tir_rl.sandbox.protocol import Worker, WorkerDied, WorkerTimeout, response_to_result
 
 logger = logging.getLogger(__name__)
 
 _LOST = "variables, imports and files from earlier calls are gone"
-
-
-@dataclass(frozen=True, kw_only=True)
-class CellLimits:
-    """Per-call limits applied on the host side (shared by every backend)."""
-
-    default_timeout_s: float = 10.0
-    """Soft deadline of a call when the caller gives none (raised inside Python)."""
-    hard_grace_s: float = 2.0
-    """Extra seconds after the soft deadline before the host kills the sandbox."""
-    max_code_bytes: int = 1 << 20
-    """Larger code or argument payloads are refused without running."""
-    max_output_bytes: int = 16384
-    """Cap on each of stdout, stderr, the result repr and the traceback (bytes/characters)."""
 
 
 class WarmPool:

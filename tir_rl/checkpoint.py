@@ -86,11 +86,7 @@ def save(
         The checkpoint folder.
     """
     path = Path(path)
-    tmp = path.parent / f".{path.name}.tmp"
-    if tdist.is_rank0():
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
+    tmp = temp_folder_for(path) if tdist.is_rank0() else _temp_name(path)
     tdist.barrier()
 
     state = trainer.rank0_full_state_dict()
@@ -113,9 +109,7 @@ def save(
             dump(config, tmp / "config.yaml")
     tdist.barrier()
     if tdist.is_rank0():
-        if path.exists():
-            shutil.rmtree(path)
-        tmp.rename(path)
+        put_in_place(tmp, path)
     tdist.barrier()
     return path
 
@@ -163,6 +157,50 @@ def load(path: str | Path, trainer: Trainer, *, guard: CollapseGuard | None = No
     )
 
 
+def temp_folder_for(path: Path) -> Path:
+    """The hidden sibling folder a save of `path` writes into, created empty.
+
+    Writing there and renaming it at the end (`put_in_place`) means a crash never leaves
+    half a checkpoint under the final name.
+    """
+    tmp = _temp_name(path)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def put_in_place(tmp: Path, path: Path) -> None:
+    """Replace `path` (if any) by the finished folder `tmp`."""
+    if path.exists():
+        shutil.rmtree(path)
+    tmp.rename(path)
+
+
+def save_hf_model(
+    folder: Path, model: Any, tokenizer: Any, *, state_dict: dict[str, torch.Tensor] | None = None
+) -> None:
+    """Save a Hugging Face model folder (safetensors, config, tokenizer) loadable by vLLM.
+
+    Args:
+        folder: the folder to write (created if needed).
+        model: a transformers model, possibly FSDP2-wrapped.
+        tokenizer: the tokenizer to save beside it.
+        state_dict: the weights to save instead of the model's own (a gathered FSDP2 state).
+    """
+    model.save_pretrained(folder, state_dict=state_dict, safe_serialization=True)
+    # FSDP2 renames the model class (FSDPLlamaForCausalLM); write the real architecture.
+    config_file = folder / "config.json"
+    config = json.loads(config_file.read_text())
+    config["architectures"] = [_unwrapped_class_name(model)]
+    config_file.write_text(json.dumps(config, indent=2) + "\n")
+    tokenizer.save_pretrained(folder)
+
+
+def _temp_name(path: Path) -> Path:
+    return path.parent / f".{path.name}.tmp"
+
+
 def _save_model(trainer: Trainer, state: dict[str, torch.Tensor], folder: Path) -> None:
     from transformers import AutoTokenizer
 
@@ -172,13 +210,8 @@ def _save_model(trainer: Trainer, state: dict[str, torch.Tensor], folder: Path) 
         # save_pretrained does for a plain module.
         tied = getattr(model, "_tied_weights_keys", None) or ()
         state = {k: v for k, v in state.items() if k not in set(tied)}
-    model.save_pretrained(folder, state_dict=state, safe_serialization=True)
-    # FSDP2 renames the model class (FSDPLlamaForCausalLM); write the real architecture.
-    config_file = folder / "config.json"
-    config = json.loads(config_file.read_text())
-    config["architectures"] = [_unwrapped_class_name(model)]
-    config_file.write_text(json.dumps(config, indent=2) + "\n")
-    AutoTokenizer.from_pretrained(trainer.model_path).save_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(trainer.model_path)
+    save_hf_model(folder, model, tokenizer, state_dict=state)
 
 
 def _unwrapped_class_name(model: torch.nn.Module) -> str:

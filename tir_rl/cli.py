@@ -41,7 +41,7 @@ _EPILOG_EVAL = """examples:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from tir_rl.config import load
-    from tir_rl.eval_stats import describe_change
+    from tir_rl.report.eval_stats import describe_change
     from tir_rl.run_config import RunConfig
     from tir_rl.train import load_resume_config, run_train
 
@@ -166,6 +166,7 @@ _EPILOG_SANDBOX = """examples:
 
 def _cmd_sandbox(args: argparse.Namespace) -> int:
     from tir_rl.sandbox import commands
+    from tir_rl.sandbox.hostile import format_table
 
     if args.action == "build":
         print(commands.build(force=args.force, packages=args.packages))
@@ -175,33 +176,42 @@ def _cmd_sandbox(args: argparse.Namespace) -> int:
         return 0
     overrides = list(args.set) + ([f"backend={args.backend}"] if args.backend else [])
     config = commands.load_sandbox_config(args.config, overrides)
-    return 0 if commands.check(config, include_slow=args.slow, names=args.case) else 1
+    print(f"hostile-input suite against the {config.backend.value} backend", flush=True)
+    reports = commands.check(
+        config,
+        include_slow=args.slow,
+        names=args.case,
+        on_report=lambda r: print(f"  {'pass' if r.passed else 'FAIL'}  {r.name}", flush=True),
+    )
+    print(format_table(reports))
+    return 0 if all(r.passed for r in reports) else 1
 
 
 def _cmd_rollout(args: argparse.Namespace) -> int:
-    from tir_rl.rollout_report import run_rollout_command
+    from tir_rl.config import load
+    from tir_rl.report.trajectory_text import RULE, format_summary, format_trajectory, write_jsonl
+    from tir_rl.run_config import RunConfig
+    from tir_rl.runtime import play_episodes
 
-    trajectories = run_rollout_command(
-        args.config,
-        args.set,
-        num=args.num,
-        group_size=args.group_size,
-        split=args.split,
-        out=args.out,
-        max_chars=args.max_chars,
+    config = load(RunConfig, args.config, args.set)
+    trajectories = play_episodes(
+        config, num=args.num, group_size=args.group_size, split=args.split
     )
+    for i, trajectory in enumerate(trajectories):
+        print(format_trajectory(trajectory, index=i, max_chars=args.max_chars))
+    print(RULE)
+    print(format_summary(trajectories))
+    if args.out:
+        print(f"saved {len(trajectories)} trajectories to {write_jsonl(trajectories, args.out)}")
     if args.html:
         from pathlib import Path
 
         from transformers import AutoTokenizer
 
-        from tir_rl.config import load
         from tir_rl.models import resolve_model
-        from tir_rl.run_config import RunConfig
-        from tir_rl.viewer import render_html
+        from tir_rl.report.viewer import render_html
 
-        model = load(RunConfig, args.config, args.set).model
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model(model))
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(config.model))
         Path(args.html).write_text(render_html(trajectories, tokenizer, title="tir-rl rollout"))
         print(f"viewer: {args.html}")
     return 0
@@ -214,8 +224,8 @@ def _cmd_view(args: argparse.Namespace) -> int:
 
     from tir_rl.config import load
     from tir_rl.models import resolve_model
+    from tir_rl.report.viewer import render_saved
     from tir_rl.run_config import RunConfig
-    from tir_rl.viewer import render_saved
 
     source = Path(args.source)
     run_dir = source if source.is_dir() else source.parent

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tir_rl.errors import ConfigError
-from tir_rl.eval_stats import EvalReport, build_report, format_table
+from tir_rl.report.eval_stats import EvalReport, build_report, format_table
 from tir_rl.run_config import RunConfig
 
 

@@ -2,7 +2,12 @@
 
 Each section is the nested `Config` of the component it configures; the run-level values
 (model, steps, batch shape, output folder) live in `RunSection`. Load with
-`tir_rl.config.load(RunConfig, path, overrides)`.
+`tir_rl.config.load(RunConfig, path, overrides)`. This module composes the components'
+configs, so it sits with the entry points; `tir_rl.config` (the loader) knows no component.
+
+Its reference, docs/configuration.md, is generated here::
+
+    python -m tir_rl.run_config > docs/configuration.md
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tir_rl.config.reference import reference
 from tir_rl.engine.choice import EngineConfig
 from tir_rl.errors import ConfigError
 from tir_rl.grpo import GRPOLoss
@@ -204,3 +210,21 @@ class RunConfig:
     def run_dir(self) -> Path:
         """This run's output folder."""
         return Path(self.run.out_dir) / self.run.name
+
+
+def configuration_reference() -> str:
+    """docs/configuration.md: every key of `RunConfig`, its type, default and meaning."""
+    header = [
+        "# Configuration reference",
+        "",
+        "Generated from the config dataclasses by `python -m tir_rl.run_config`; do not edit.",
+        "Every key can be set in the YAML file or with `--set section.key=value`; an unknown",
+        "key is an error that names the nearest valid one. `correction_preset` names a recipe",
+        "(see docs/mismatch.md) whose fields the `correction` section can override.",
+        "",
+    ]
+    return reference(RunConfig, header=header)
+
+
+if __name__ == "__main__":
+    print(configuration_reference(), end="")

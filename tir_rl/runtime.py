@@ -120,3 +120,25 @@ def task_specs(
                 )
             )
     return specs
+
+
+def play_episodes(
+    config: RunConfig, *, num: int, group_size: int = 1, split: str = "train"
+) -> list[Trajectory]:
+    """Play `num` episodes of `config.env` on `split` with the config's engine (`tir-rl rollout`).
+
+    Episodes come in groups of `group_size` samples of one task; task `i` is reset with
+    seed `run.seed + i`, so the same call replays the same tasks.
+    """
+    if num < 1 or group_size < 1:
+        raise ConfigError(f"--num ({num}) and --group-size ({group_size}) must be >= 1")
+    factory = env_factory(config.env, split)
+    num_tasks = -(-num // group_size)
+    specs = task_specs(
+        factory,
+        num_tasks=num_tasks,
+        group_size=group_size,
+        seed_of=lambda i: config.run.seed + i,
+    )[:num]
+    with open_runtime(config) as runtime:
+        return runtime.run_episodes(specs)

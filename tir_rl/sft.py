@@ -8,6 +8,9 @@ step fine-tunes it on demonstrations first::
         ──► the env's own tool messages appended (mask 0) ──► ... ──► reward must be full
     demos ──► cross-entropy on mask-1 tokens (AdamW, fp32) ──► HF checkpoint (model + tokenizer)
 
+The optimizer, gradient clipping and seeding are the RL trainer's (`tir_rl.optimizer`); the
+checkpoint folder is written as a training checkpoint's model is (`tir_rl.checkpoint`).
+
 The token ids and loss mask of a demonstration are exactly those a rollout builds for the
 same assistant texts: the same `ChatFormat` (system prompt, tool schemas from
 `ResetInfo.tool_schemas`, default chat config) and the same `Conversation` calls as
@@ -32,7 +35,6 @@ import json
 import logging
 import math
 import random
-import shutil
 import time
 import zlib
 from collections.abc import Sequence
@@ -40,8 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tir_rl import checkpoint
 from tir_rl.config import to_dict
 from tir_rl.errors import ConfigError, TirError
+from tir_rl.optimizer import build_adamw, clip_gradients, grad_norm, seed_everything
 
 if TYPE_CHECKING:
     import torch
@@ -422,7 +426,7 @@ def train_on_demonstrations(
     """Fine-tune `model` in place; return loss history and counts."""
     import torch
 
-    torch.manual_seed(config.seed)
+    seed_everything(config.seed)
     rng = random.Random(config.seed)
     prefix = demos[0].token_ids[: shared_prefix_length(demos)] if config.cache_shared_prefix else []
     cache = _PrefixCache(model, prefix)
@@ -431,9 +435,7 @@ def train_on_demonstrations(
 
     epochs = [plan_batches(demos, config.batch_tokens, rng) for _ in range(config.epochs)]
     total_steps = sum(len(e) for e in epochs)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.lr, weight_decay=config.weight_decay
-    )
+    optimizer = build_adamw(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
 
     def lr_factor(step: int) -> float:
         if step < config.warmup_steps:
@@ -455,8 +457,8 @@ def train_on_demonstrations(
                 loss, _ = sequence_loss(model, demos[i], cache)
                 (loss / num_tokens).backward()
                 step_loss += loss.item()
-            clip = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
+            norm = grad_norm(model.parameters())
+            clip_gradients(model.parameters(), config.max_grad_norm, norm)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
@@ -464,7 +466,7 @@ def train_on_demonstrations(
                 step=step,
                 epoch=epoch,
                 loss=step_loss / num_tokens,
-                grad_norm=grad_norm,
+                grad_norm=norm,
                 sequences=len(batch),
                 seconds=time.perf_counter() - t0,
             )
@@ -475,7 +477,7 @@ def train_on_demonstrations(
                 total_steps,
                 epoch,
                 record.loss,
-                grad_norm,
+                norm,
                 len(batch),
                 record.seconds,
             )
@@ -558,17 +560,15 @@ def run_sft(config: SFTConfig, *, force: bool = False) -> SFTResult:
 
 
 def _save_atomically(out: Path, model: Any, tokenizer: Any, info: SFTInfo) -> None:
-    """Write into a hidden sibling folder and rename it, so no half checkpoint is left."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
+    """Write into a hidden sibling folder and rename it, so no half checkpoint is left.
+
+    The same steps as a training checkpoint (`tir_rl.checkpoint`): a Hugging Face model
+    folder with the tokenizer, written into `temp_folder_for(out)`, then put in place.
+    """
+    tmp = checkpoint.temp_folder_for(out)
+    checkpoint.save_hf_model(tmp, model, tokenizer)
     (tmp / INFO_FILE).write_text(json.dumps(info.to_dict(), indent=2) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+    checkpoint.put_in_place(tmp, out)
 
 
 def load_sft_config(path: str | Path | None, overrides: Sequence[str] = ()) -> SFTConfig:

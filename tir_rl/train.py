@@ -10,7 +10,7 @@
     │                 Trainer.train_step: ℓ^old (update forward) ─► mismatch metrics ─► correction
     │                   │                  ─► PPO-clip loss ─► clip ─► AdamW (or skip)
     │                   ▼
-    └── weight sync: trainer state dict ─► engine.update_weights ─► parity probe
+    └── weight sync (WeightSync): trainer state dict ─► engine.update_weights ─► parity probe
 
 Every step writes `metrics.jsonl` (+ TensorBoard), sample trajectories and plots to the run
 folder; held-out accuracy is measured before training, every `run.eval_every` steps and at
@@ -24,7 +24,7 @@ equals the world-size-1 step. Rank-0-only work (rollouts, eval, engine sync) run
 `distributed.rank0_share`, which also hands its failure to the other ranks (Ctrl-C,
 ParityError, any error), so every rank reaches the same collective checkpoint; outside it
 rank 0 defers Ctrl-C and the other ranks ignore it (`distributed.interrupt_handling`). The
-step's metrics row is built by `tir_rl.step_metrics`.
+step's metrics row is built by `tir_rl.report.step_metrics`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import time
 from collections.abc import Callable
@@ -48,13 +47,15 @@ from tir_rl.checkpoint import latest_checkpoint, step_folder
 from tir_rl.config import dump, load
 from tir_rl.errors import ConfigError, ParityError, TirError
 from tir_rl.mismatch.injection import MismatchInjection
+from tir_rl.report.step_metrics import StepOutcome, episode_row, step_row
 from tir_rl.run_config import RunConfig
-from tir_rl.step_metrics import StepOutcome, episode_row, step_row
 from tir_rl.types import Trajectory
+from tir_rl.weight_sync import WeightSync
 
 if TYPE_CHECKING:
     from tir_rl.batch import TrainBatch
-    from tir_rl.eval_stats import Estimate, EvalReport
+    from tir_rl.engine.parity import ParityReport
+    from tir_rl.report.eval_stats import Estimate, EvalReport
     from tir_rl.trainer import StepResult
 
 logger = logging.getLogger(__name__)
@@ -224,8 +225,8 @@ class _TrainLoop:
     def __init__(self, config: RunConfig, runtime: Any, *, resume: bool) -> None:
         from tir_rl.engine.parity import probe_ids_from_text
         from tir_rl.grpo import GRPOLoss
-        from tir_rl.metrics import MetricsLogger
         from tir_rl.mismatch.guard import CollapseGuard
+        from tir_rl.report.run_log import MetricsLogger
         from tir_rl.runtime import env_factory
         from tir_rl.trainer import Trainer
 
@@ -246,14 +247,18 @@ class _TrainLoop:
         self.guard = CollapseGuard(guard_config)
         self.injection = MismatchInjection(config.inject)
         self.num_updates = 0
-        self._stale_sampler_state: dict[str, torch.Tensor] | None = None
         if self.rank0 and config.inject.active:
             logger.warning("%s", self.injection.describe())
         if self.rank0:
             self.train_env = env_factory(config.env, config.env.train_split)
             self.eval_env = env_factory(config.env, config.env.eval_split)
         probe_ids = probe_ids_from_text(runtime.tokenizer) if self.rank0 else None
-        self.probe_ids: list[int] = tdist.broadcast_object(probe_ids)  # type: ignore[assignment]
+        self.weight_sync = WeightSync(
+            self.injection,
+            probe_ids=tdist.broadcast_object(probe_ids),  # type: ignore[arg-type]
+            parity_tolerance=config.run.parity_tolerance,
+            keep_stale_copy=config.run.eval_clean_sampler,
+        )
         self.start_step = 0
         if resume:
             ckpt = latest_checkpoint(self.run_dir)
@@ -361,20 +366,14 @@ class _TrainLoop:
         """Held-out evaluation of the trainer's exact weights (`run.eval_clean_sampler`).
 
         The engine gets the trainer's state for the evaluation, then the sampler's weights
-        back: recomputed from the same state, or the stale copy `_sync_weights` kept.
+        back (`WeightSync.rank0_exact_weights`).
         """
         full = self.trainer.rank0_full_state_dict()
 
         def clean() -> tuple[None, list[None]]:
             engine = self.runtime.engine
-            restore = self._stale_sampler_state or self.injection.sampler_state(
-                full, self.num_updates, force=True
-            )
-            asyncio.run(engine.update_weights(full))
-            try:
+            with self.weight_sync.rank0_exact_weights(engine, full, self.num_updates):
                 self._log_evaluation(step, when, "eval_clean", *self._evaluate())
-            finally:
-                asyncio.run(engine.update_weights(restore))
             return None, [None] * self.world
 
         self._share(clean)
@@ -454,7 +453,7 @@ class _TrainLoop:
         self, steps_done: int, row: dict[str, float], plan: _StepPlan, logprobs: torch.Tensor | None
     ) -> None:
         """Rank 0: the metrics row, a few trajectories with their trainer logprobs, plots."""
-        from tir_rl.metrics import save_trajectories
+        from tir_rl.report.run_log import save_trajectories
 
         cfg = self.config.run
         self.metrics.log(steps_done, row)
@@ -502,7 +501,7 @@ class _TrainLoop:
 
     def _evaluate(self) -> tuple[EvalReport, list[Trajectory]]:
         """Play the held-out tasks with the engine's current weights."""
-        from tir_rl.eval_stats import build_report
+        from tir_rl.report.eval_stats import build_report
         from tir_rl.runtime import task_specs
 
         cfg = self.config.run
@@ -528,7 +527,7 @@ class _TrainLoop:
         report: EvalReport,
         trajectories: list[Trajectory],
     ) -> None:
-        """Metrics row, `<prefix>_step_<step>.json` and one printed line for an evaluation."""
+        """Metrics row, `<prefix>_step_<step>.json` and one logged line for an evaluation."""
         accuracy = report.pass_at_1
         row = {
             f"{prefix}/pass_at_1": accuracy.value,
@@ -540,45 +539,26 @@ class _TrainLoop:
         self.metrics.log(step, row)
         (self.run_dir / f"{prefix}_step_{step}.json").write_text(report.to_json() + "\n")
         sampler = " (clean sampler)" if prefix == "eval_clean" else ""
-        print(f"held-out pass@1{sampler} {when} training (step {step}): {accuracy} "
-              f"({report.num_tasks} tasks × {report.samples_per_task})", flush=True)  # fmt: skip
+        logger.info(
+            "held-out pass@1%s %s training (step %d): %s (%d tasks × %d)",
+            sampler, when, step, accuracy, report.num_tasks, report.samples_per_task,
+        )  # fmt: skip
 
-    def _sync_weights(self, *, force: bool = False) -> Any:
+    def _sync_weights(self, *, force: bool = False) -> ParityReport | None:
         """Trainer weights -> engine, then the parity probe (every rank calls this).
 
         With `inject` set, the engine gets the injected sampler weights (or nothing, on a
         stale step: returns None) and the probe logs the gap instead of raising.
         """
-        from tir_rl.engine.parity import probe_parity, transformers_logprobs
-
-        if not force and not self.injection.syncs_after(self.num_updates):
+        if not self.weight_sync.due(self.num_updates, force=force):
             return None  # stale sampler: every rank skips the same syncs
-        full = self.trainer.rank0_full_state_dict()
-        state = full  # only rank 0 holds the full state; it is unchanged when not injecting
-        if self.rank0:
-            state = self.injection.sampler_state(full, self.num_updates, force=True)
-            if self.config.run.eval_clean_sampler and self.injection.config.sync_every > 1:
-                # A clean evaluation must hand the engine this stale state back afterwards.
-                self._stale_sampler_state = {k: v.detach().clone() for k, v in state.items()}
-        tolerance = self.config.run.parity_tolerance if self.injection.strict_parity else math.inf
-        # The trainer side of the probe is a forward pass: with FSDP2 every rank runs it.
-        trainer_logprobs = transformers_logprobs(self.trainer.model, self.probe_ids).tolist()
+        prepared = self.weight_sync.prepare(self.trainer, self.num_updates)
 
-        def sync() -> tuple[Any, list[None]]:
-            engine = self.runtime.engine
+        def send() -> tuple[ParityReport, list[None]]:
+            report = asyncio.run(self.weight_sync.rank0_send(self.runtime.engine, prepared))
+            return report, [None] * self.world
 
-            async def update_and_probe() -> Any:
-                await engine.update_weights(state)
-                return await probe_parity(
-                    engine,
-                    lambda ids: trainer_logprobs,
-                    self.probe_ids,
-                    tolerance=tolerance,
-                )
-
-            return asyncio.run(update_and_probe()), [None] * self.world
-
-        report, _ = self._share(sync)
+        report, _ = self._share(send)
         return report
 
     def _checkpoint(self, step: int) -> None:
@@ -591,7 +571,7 @@ class _TrainLoop:
         self.summary.checkpoints.append(path)
 
     def _plots(self) -> None:
-        from tir_rl.plots import write_plots
+        from tir_rl.report.plots import write_plots
 
         try:
             write_plots(self.run_dir)

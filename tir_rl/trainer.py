@@ -45,13 +45,11 @@ import contextlib
 import fnmatch
 import logging
 import math
-import random
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -70,6 +68,7 @@ from tir_rl.mismatch import (
 )
 from tir_rl.mismatch.guard import CollapseGuard, GuardAction, GuardDecision
 from tir_rl.models import resolve_model
+from tir_rl.optimizer import build_adamw, clip_gradients, seed_everything
 from tir_rl.token_stats import token_stats
 
 logger = logging.getLogger(__name__)
@@ -280,8 +279,8 @@ class Trainer:
         if self.sharded:
             _apply_fsdp2(model, self.compute_dtype)
         self.model: nn.Module = model
-        self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
+        self.optimizer = build_adamw(
+            model.parameters(),
             lr=self.config.lr,
             betas=self.config.betas,
             eps=self.config.eps,
@@ -603,13 +602,7 @@ class Trainer:
         return _UpdatePass(logprobs.cpu(), sums, names, rows)
 
     def _clip(self, grad_norm: float) -> None:
-        max_norm = self.config.max_grad_norm
-        if max_norm <= 0 or grad_norm <= max_norm:
-            return
-        scale = max_norm / (grad_norm + 1e-6)
-        for p in self.model.parameters():
-            if p.grad is not None:
-                p.grad.mul_(scale)
+        clip_gradients(self.model.parameters(), self.config.max_grad_norm, grad_norm)
 
     # ------------------------------------------------------------------ weights
 
@@ -680,13 +673,6 @@ def _combine_micro_metrics(names: list[str], rows: list[torch.Tensor]) -> dict[s
 
 def _train_key(key: str) -> str:
     return key if key.startswith("train/") else f"train/{key.split('/', 1)[-1]}"
-
-
-def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def _pick_device(name: str) -> torch.device:

@@ -1,8 +1,11 @@
-"""Google-style docstring parsing: the text a model reads about a tool and its parameters."""
+"""Google-style docstring parsing: the text a model reads about a tool and its parameters.
+
+The docstrings written under the fields of a parameter type are read by
+`tir_rl.config.field_docs`, the one reader of field docstrings.
+"""
 
 from __future__ import annotations
 
-import ast
 import inspect
 import re
 import textwrap
@@ -87,37 +90,6 @@ def parse_docstring(doc: str | None) -> Docstring:
         " ".join(_paragraphs(sections[h])) for h in _RETURNS_HEADERS if h in sections
     )
     return Docstring(summary=summary, body=body, args=args, returns=returns)
-
-
-def attribute_docstrings(cls: type) -> dict[str, str]:
-    """Docstrings written under class attributes (`x: int` then `\"\"\"text\"\"\"`).
-
-    Args:
-        cls: a class (dataclass or TypedDict) whose source may be available.
-
-    Returns:
-        Attribute name -> its docstring on one line; empty when the source is unavailable.
-    """
-    try:
-        source = textwrap.dedent(inspect.getsource(cls))
-        tree = ast.parse(source)
-    except (OSError, TypeError, SyntaxError):
-        return {}
-    found: dict[str, str] = {}
-    class_defs = [node for node in tree.body if isinstance(node, ast.ClassDef)]
-    if not class_defs:
-        return found
-    body = class_defs[0].body
-    for node, following in zip(body, body[1:], strict=False):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and isinstance(following, ast.Expr)
-            and isinstance(following.value, ast.Constant)
-            and isinstance(following.value.value, str)
-        ):
-            found[node.target.id] = " ".join(inspect.cleandoc(following.value.value).split())
-    return found
 
 
 def _paragraphs(lines: list[str]) -> list[str]:

@@ -14,8 +14,9 @@ import json
 import types
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints, is_typeddict
 
+from tir_rl.config.field_docs import field_docs
 from tir_rl.tools.containers import ArrayNode, Field, MapNode, ObjectNode, TupleNode
-from tir_rl.tools.docstring import attribute_docstrings, parse_docstring
+from tir_rl.tools.docstring import parse_docstring
 from tir_rl.tools.nodes import INVALID, AnyNode, ChoiceNode, PrimitiveNode, TypeNode, UnionNode
 
 SUPPORTED_TYPES = (
@@ -110,7 +111,8 @@ def _object_node(cls: type, seen: frozenset[type]) -> ObjectNode:
             f"cannot resolve the type hints of {cls.__name__}: {exc}"
         ) from exc
     doc = parse_docstring(cls.__doc__)
-    described = {**doc.args, **attribute_docstrings(cls)}
+    attributes = {k: " ".join(v.split()) for k, v in field_docs(cls).items()}
+    described = {**doc.args, **attributes}
     summary = doc.summary if not doc.summary.startswith(f"{cls.__name__}(") else ""
     fields: list[Field] = []
     if is_typeddict(cls):

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from tir_rl.metrics import load_trajectories
 from tir_rl.mismatch import MismatchCorrection
 from tir_rl.mismatch.correction import PRESET_NAMES
+from tir_rl.report.run_log import load_trajectories
 
 
 def batch_from(run_dir: Path) -> tuple[torch.Tensor, ...]:

@@ -3,8 +3,8 @@
     python bench/collapse/report.py runs/collapse [--plots docs/collapse]
 
 Runs are the sub-folders `<setting>_s<seed>` holding a `metrics.jsonl`. Each run is judged
-with `tir_rl.collapse_verdict.judge_run` (collapse = gradient-norm spike and/or lasting
-reward drop; see its docstring). Prints a markdown table (also written to `report.md` in the
+with `verdict.judge_run` from this folder (collapse = gradient-norm spike and/or lasting
+reward drop; see `verdict.py`). Prints a markdown table (also written to `report.md` in the
 runs folder) and writes PNG plots, one line per setting (mean over seeds).
 """
 
@@ -24,9 +24,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from settings import CORRECTIONS  # noqa: E402
+from verdict import CollapseVerdict, judge_run, values_by_step  # noqa: E402
 
-from tir_rl.collapse_verdict import CollapseVerdict, judge_run, values_by_step  # noqa: E402
-from tir_rl.metrics import read_metrics  # noqa: E402
+from tir_rl.report.run_log import read_metrics  # noqa: E402
 
 _RUN = re.compile(r"^(?P<setting>.+)_s(?P<seed>\d+)$")
 _TURN = re.compile(r"^mismatch/turn_(\d+)/k3_kl$")

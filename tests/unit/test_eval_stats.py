@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from tir_rl.eval_stats import (
+from tir_rl.report.eval_stats import (
     Estimate,
     EvalReport,
     bootstrap_mean,

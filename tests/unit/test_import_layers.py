@@ -5,6 +5,10 @@ and the stages below it, never one above: an environment does not know the chat 
 chat format does not know the engine, nothing below the entry points reads the run config.
 Imports are read from the source (module-level and function-local alike, `TYPE_CHECKING`
 blocks included), so a lazy import cannot hide an upward edge.
+
+The configuration is split by what it knows: the loader (`tir_rl.config`) is foundation and
+knows no component, since every component owns its `Config`; the run config
+(`tir_rl.run_config`), which composes those `Config`s, is an entry point.
 """
 
 from __future__ import annotations
@@ -39,19 +43,18 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "lr_schedule",
             "mismatch",
             "batch",
+            "optimizer",
             "trainer",
             "checkpoint",
-            "collapse_verdict",
         ),
     ),
-    ("reporting", ("metrics", "step_metrics", "eval_stats", "plots", "viewer", "viewer_style")),
+    ("weight sync", ("weight_sync",)),
+    ("reporting", ("report",)),
     (
         "entry",
         (
             "run_config",
-            "config_docs",
             "runtime",
-            "rollout_report",
             "train",
             "evaluate",
             "doctor",

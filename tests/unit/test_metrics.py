@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from tir_rl.metrics import (
+from tir_rl.report.run_log import (
     METRICS_FILE,
     TENSORBOARD_DIR,
     MetricsLogger,

@@ -7,9 +7,9 @@ import pytest
 import torch
 from PIL import Image
 
-from tir_rl.metrics import MetricsLogger, read_metrics
 from tir_rl.mismatch.metrics import mismatch_metrics
-from tir_rl.plots import _DIST_KEY, _TURN_KEY, PLOTS_DIR, bucket_table, write_plots
+from tir_rl.report.plots import _DIST_KEY, _TURN_KEY, PLOTS_DIR, bucket_table, write_plots
+from tir_rl.report.run_log import MetricsLogger, read_metrics
 
 ALL_PLOTS = {
     "reward.png",
@@ -76,7 +76,7 @@ def test_write_plots_draws_every_plot_and_replaces_them_later(tmp_path):
 
 
 def test_reward_plot_prefers_train_reward_and_pass_at_1():
-    from tir_rl.plots import HELDOUT_KEYS, REWARD_KEYS, first_present
+    from tir_rl.report.plots import HELDOUT_KEYS, REWARD_KEYS, first_present
 
     rows = [
         {"step": 1, "rollout/reward_mean": 0.2},
@@ -120,5 +120,5 @@ def test_bucket_table_falls_back_to_kl_and_keeps_gaps():
 
 
 def test_importing_plots_does_not_import_matplotlib():
-    code = "import sys, tir_rl.plots; assert 'matplotlib' not in sys.modules"
+    code = "import sys, tir_rl.report.plots; assert 'matplotlib' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -322,7 +322,7 @@ def test_invalid_config_values_raise_config_error(field, value):
 def test_report_shows_turns_calls_and_status_and_jsonl_round_trips(tokenizer, tmp_path):
     import json
 
-    from tir_rl.rollout_report import format_summary, format_trajectory, write_jsonl
+    from tir_rl.report.trajectory_text import format_summary, format_trajectory, write_jsonl
 
     script = {0: call("echo", text=UNICODE_TEXT), 1: ANSWER}
     (traj,) = run(FakeEngine(tokenizer, lambda ep, turn: script[turn]), tokenizer)

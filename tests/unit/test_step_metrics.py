@@ -1,4 +1,4 @@
-"""The metrics row of one RL step (`tir_rl.step_metrics`)."""
+"""The metrics row of one RL step (`tir_rl.report.step_metrics`)."""
 
 import math
 
@@ -7,7 +7,7 @@ import torch
 
 from tir_rl.batch import TrainBatch
 from tir_rl.engine.parity import ParityReport
-from tir_rl.step_metrics import StepOutcome, episode_row, step_row
+from tir_rl.report.step_metrics import StepOutcome, episode_row, step_row
 from tir_rl.trainer import StepResult
 from tir_rl.types import RolloutStatus, Trajectory
 

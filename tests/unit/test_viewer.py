@@ -4,9 +4,9 @@ import re
 
 import pytest
 
-from tir_rl.metrics import save_trajectories
+from tir_rl.report.run_log import save_trajectories
+from tir_rl.report.viewer import delta_color, render_html, render_saved, surprisal_color
 from tir_rl.types import Message, RolloutStatus, ToolCall, Trajectory
-from tir_rl.viewer import delta_color, render_html, render_saved, surprisal_color
 
 
 class FakeTokenizer:

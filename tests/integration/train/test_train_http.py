@@ -14,8 +14,8 @@ from tir_rl.engine.vllm_http import VLLMHttpEngine
 from tir_rl.engine.vllm_local import VLLMLocalEngine
 from tir_rl.errors import EngineError
 from tir_rl.evaluate import resolve_checkpoint
-from tir_rl.metrics import read_metrics
 from tir_rl.models import prepare_tiny_model
+from tir_rl.report.run_log import read_metrics
 from tir_rl.runtime import open_runtime
 from tir_rl.train import latest_checkpoint, run_train
 

@@ -3,7 +3,7 @@
 import pytest
 from test_train_tiny import tiny_config
 
-from tir_rl.metrics import read_metrics
+from tir_rl.report.run_log import read_metrics
 from tir_rl.train import run_train
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model, pytest.mark.slow]

@@ -12,8 +12,8 @@ import pytest
 
 from tir_rl.config import load
 from tir_rl.lab_model import LabModelSpec
-from tir_rl.metrics import read_metrics
 from tir_rl.models import prepare_lab_model
+from tir_rl.report.run_log import read_metrics
 from tir_rl.run_config import RunConfig
 from tir_rl.train import run_train
 

@@ -10,8 +10,8 @@ from tir_rl.config import load
 from tir_rl.doctor import Verdict, run_doctor
 from tir_rl.envs.multihop import MultiHopEnv
 from tir_rl.evaluate import resolve_checkpoint, run_eval
-from tir_rl.metrics import load_trajectories, read_metrics
 from tir_rl.models import prepare_tiny_model
+from tir_rl.report.run_log import load_trajectories, read_metrics
 from tir_rl.run_config import RunConfig
 from tir_rl.train import load_resume_config, run_train
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageStat
 
+from tir_rl.report.viewer import render_html
 from tir_rl.types import Message, RolloutStatus, ToolCall, Trajectory
-from tir_rl.viewer import render_html
 
 pytestmark = pytest.mark.model
 WIDTH, HEIGHT = 1200, 900

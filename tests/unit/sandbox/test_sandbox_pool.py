@@ -6,7 +6,8 @@ import time
 import pytest
 
 from tir_rl.errors import SandboxError, SetupError
-from tir_rl.sandbox.pool import CellLimits, EpisodeSandbox, WarmPool
+from tir_rl.sandbox.base import CellLimits
+from tir_rl.sandbox.pool import EpisodeSandbox, WarmPool
 from tir_rl.sandbox.protocol import LineReader, WorkerDied, WorkerTimeout, response_to_result
 
 

@@ -26,7 +26,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from tir_rl.metrics import finite_or_none
+from tir_rl.report.run_log import finite_or_none
 from tir_rl.types import Role, RolloutStatus, Trajectory
 
 DEFAULT_NUM_BOOTSTRAP = 1000

@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from tir_rl.types import Message, Role, Trajectory
-from tir_rl.viewer_style import (
+from tir_rl.report.viewer_style import (
     CSS,
     MIN_DELTA_SCALE,
     PAGE,
@@ -33,6 +32,7 @@ from tir_rl.viewer_style import (
     legend,
     surprisal_color,
 )
+from tir_rl.types import Message, Role, Trajectory
 
 __all__ = ["delta_color", "render_html", "render_saved", "surprisal_color"]
 
@@ -108,8 +108,8 @@ def render_html(
 
 
 def render_saved(path: Path | str, tokenizer: Decoder, *, title: str | None = None) -> str:
-    """Render a trajectories JSONL written by `tir_rl.metrics.save_trajectories`."""
-    from tir_rl.metrics import load_trajectories
+    """Render a trajectories JSONL written by `tir_rl.report.run_log.save_trajectories`."""
+    from tir_rl.report.run_log import load_trajectories
 
     saved = load_trajectories(path)
     return render_html(

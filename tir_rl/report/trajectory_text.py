@@ -1,4 +1,4 @@
-"""Readable and JSONL forms of trajectories (for `tir-rl rollout` and for debugging)."""
+"""Readable and JSONL forms of trajectories (`tir-rl rollout` prints them; also for debugging)."""
 
 from __future__ import annotations
 
@@ -84,45 +84,3 @@ def write_jsonl(trajs: Sequence[Trajectory], path: str | Path) -> Path:
         for traj in trajs:
             f.write(json.dumps(traj.to_dict(), ensure_ascii=False) + "\n")
     return path
-
-
-def run_rollout_command(
-    config_path: str,
-    overrides: Sequence[str],
-    *,
-    num: int,
-    group_size: int = 1,
-    split: str = "train",
-    out: str | None = None,
-    max_chars: int = 300,
-) -> list[Trajectory]:
-    """`tir-rl rollout`: play `num` episodes of the config's env, print them, save JSONL.
-
-    Episodes come in groups of `group_size` samples of one task; task `i` is reset with
-    seed `run.seed + i`, so the same command replays the same tasks.
-    """
-    from tir_rl.config import load
-    from tir_rl.errors import ConfigError
-    from tir_rl.run_config import RunConfig
-    from tir_rl.runtime import env_factory, open_runtime, task_specs
-
-    if num < 1 or group_size < 1:
-        raise ConfigError(f"--num ({num}) and --group-size ({group_size}) must be >= 1")
-    config = load(RunConfig, config_path, overrides)
-    factory = env_factory(config.env, split)
-    num_tasks = -(-num // group_size)
-    specs = task_specs(
-        factory,
-        num_tasks=num_tasks,
-        group_size=group_size,
-        seed_of=lambda i: config.run.seed + i,
-    )[:num]
-    with open_runtime(config) as runtime:
-        trajs = runtime.run_episodes(specs)
-    for i, traj in enumerate(trajs):
-        print(format_trajectory(traj, index=i, max_chars=max_chars))
-    print(RULE)
-    print(format_summary(trajs))
-    if out:
-        print(f"saved {len(trajs)} trajectories to {write_jsonl(trajs, out)}")
-    return trajs

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tir_rl.metrics import read_metrics
+from tir_rl.report.run_log import read_metrics
 
 PLOTS_DIR = "plots"
 REWARD_KEYS = ("rollout/reward_mean", "train/reward_mean", "reward/mean")

@@ -1,6 +1,6 @@
 """Did a run collapse, when, and did the collapse guard see it coming?
 
-The definition used by the collapse lab (`bench/collapse/`), applied to a run's
+The collapse lab's definition (this folder; `report.py` applies it), on a run's
 `metrics.jsonl` rows:
 
 - **gradient-norm spike** at step s: ``grad_norm[s] > spike_factor × median`` of the
