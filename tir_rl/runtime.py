@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tir_rl.engine.base import Engine
+from tir_rl.errors import ConfigError
 from tir_rl.run_config import EnvSection, RunConfig
 from tir_rl.types import Trajectory
 
