@@ -8,8 +8,8 @@ step fine-tunes it on demonstrations first::
         ──► the env's own tool messages appended (mask 0) ──► ... ──► reward must be full
     demos ──► cross-entropy on mask-1 tokens (AdamW, fp32) ──► HF checkpoint (model + tokenizer)
 
-The optimizer, gradient clipping and seeding are the RL trainer's (`tir_rl.optimizer`); the
-checkpoint folder is written as a training checkpoint's model is (`tir_rl.checkpoint`).
+The optimizer, gradient clipping and seeding are the RL trainer's (`tir_rl.trainer.optimizer`); the
+checkpoint folder is written as a training checkpoint's model is (`tir_rl.trainer.checkpoint`).
 
 The token ids and loss mask of a demonstration are exactly those a rollout builds for the
 same assistant texts: the same `ChatFormat` (system prompt, tool schemas from
@@ -42,10 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tir_rl import checkpoint
 from tir_rl.config import to_dict
 from tir_rl.errors import ConfigError, TirError
-from tir_rl.optimizer import build_adamw, clip_gradients, grad_norm, seed_everything
+from tir_rl.trainer import checkpoint
+from tir_rl.trainer.optimizer import build_adamw, clip_gradients, grad_norm, seed_everything
 
 if TYPE_CHECKING:
     import torch
@@ -562,7 +562,7 @@ def run_sft(config: SFTConfig, *, force: bool = False) -> SFTResult:
 def _save_atomically(out: Path, model: Any, tokenizer: Any, info: SFTInfo) -> None:
     """Write into a hidden sibling folder and rename it, so no half checkpoint is left.
 
-    The same steps as a training checkpoint (`tir_rl.checkpoint`): a Hugging Face model
+    The same steps as a training checkpoint (`tir_rl.trainer.checkpoint`): a Hugging Face model
     folder with the tokenizer, written into `temp_folder_for(out)`, then put in place.
     """
     tmp = checkpoint.temp_folder_for(out)
