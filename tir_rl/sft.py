@@ -33,7 +33,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import random
 import time
 import zlib
@@ -45,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from tir_rl.config import to_dict
 from tir_rl.errors import ConfigError, TirError
 from tir_rl.trainer import checkpoint
+from tir_rl.trainer.lr_schedule import LRSchedule, lr_factor
 from tir_rl.trainer.optimizer import build_adamw, clip_gradients, grad_norm, seed_everything
 
 if TYPE_CHECKING:
@@ -420,6 +420,21 @@ def mean_loss(model: Any, demos: Sequence[Demonstration], cache: _PrefixCache) -
     return total / max(count, 1)
 
 
+def sft_lr_factor(step: int, *, warmup_steps: int, total_steps: int) -> float:
+    """The lr multiplier at SFT optimizer step `step`.
+
+    The trainer's cosine schedule (`tir_rl.trainer.lr_schedule`): `warmup_steps` of linear
+    warm-up, then decay to 0 at `total_steps` (right after the warm-up when the run is no
+    longer than it).
+    """
+    return lr_factor(
+        step,
+        LRSchedule.COSINE,
+        warmup_steps=warmup_steps,
+        schedule_steps=max(total_steps, warmup_steps + 1),
+    )
+
+
 def train_on_demonstrations(
     model: Any, demos: Sequence[Demonstration], config: SFTTrainSection
 ) -> SFTTrainStats:
@@ -437,13 +452,10 @@ def train_on_demonstrations(
     total_steps = sum(len(e) for e in epochs)
     optimizer = build_adamw(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
 
-    def lr_factor(step: int) -> float:
-        if step < config.warmup_steps:
-            return (step + 1) / (config.warmup_steps + 1)
-        span = max(total_steps - config.warmup_steps, 1)
-        return 0.5 * (1 + math.cos(math.pi * (step - config.warmup_steps) / span))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda s: sft_lr_factor(s, warmup_steps=config.warmup_steps, total_steps=total_steps),
+    )
     model.train()
     history: list[SFTStepRecord] = []
     step = 0
