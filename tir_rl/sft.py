@@ -49,6 +49,10 @@ from tir_rl.trainer.optimizer import build_adamw, clip_gradients, grad_norm, see
 
 if TYPE_CHECKING:
     import torch
+    from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+    from tir_rl.chat.tokens import Tokenizer
+    from tir_rl.envs.base import ToolEnv
 
 logger = logging.getLogger(__name__)
 
@@ -263,7 +267,7 @@ def demonstration_seed(seed: int, index: int) -> int:
     return zlib.crc32(f"tir_rl/sft/{seed}/{index}".encode()) & 0x7FFFFFFF
 
 
-def play_demonstration(env: Any, tokenizer: Any, *, seed: int) -> Demonstration:
+def play_demonstration(env: ToolEnv, tokenizer: Tokenizer, *, seed: int) -> Demonstration:
     """Reset `env`, play its oracle's turns through `step`, render like a rollout.
 
     Raises:
@@ -302,13 +306,13 @@ def play_demonstration(env: Any, tokenizer: Any, *, seed: int) -> Demonstration:
     )
 
 
-def build_demonstrations(config: SFTConfig, tokenizer: Any) -> list[Demonstration]:
+def build_demonstrations(config: SFTConfig, tokenizer: Tokenizer) -> list[Demonstration]:
     """The config's demonstrations, from the train split of the real environment."""
     from tir_rl.envs.resolve import env_maker
 
     build = env_maker(config.env.id)  # a registered id, `module:Name-v0` or `module:Class`
     horizons = config.env.horizons or [None]
-    envs: dict[int | None, Any] = {}
+    envs: dict[int | None, ToolEnv] = {}
     demos = []
     try:
         for i in range(config.data.num_demos):
@@ -366,7 +370,7 @@ def plan_batches(
 class _PrefixCache:
     """Keys and values of the shared prefix under the current weights (no gradient)."""
 
-    def __init__(self, model: Any, prefix: list[int]) -> None:
+    def __init__(self, model: PreTrainedModel, prefix: list[int]) -> None:
         self.model = model
         self.prefix = prefix
         self._kv: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -380,14 +384,16 @@ class _PrefixCache:
             out = self.model.get_decoder()(input_ids=torch.tensor([self.prefix]), use_cache=True)
         self._kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
 
-    def fresh(self) -> Any:
+    def fresh(self) -> DynamicCache | None:
         """A new cache holding the prefix (the forward pass appends to it)."""
         from transformers import DynamicCache
 
         return DynamicCache(ddp_cache_data=self._kv) if self.prefix else None
 
 
-def sequence_loss(model: Any, demo: Demonstration, cache: _PrefixCache) -> tuple[Any, int]:
+def sequence_loss(
+    model: PreTrainedModel, demo: Demonstration, cache: _PrefixCache
+) -> tuple[torch.Tensor, int]:
     """Summed cross-entropy over the mask-1 tokens of `demo`, and their count."""
     import torch
 
@@ -407,7 +413,7 @@ def sequence_loss(model: Any, demo: Demonstration, cache: _PrefixCache) -> tuple
     return loss, int(mask.sum())
 
 
-def mean_loss(model: Any, demos: Sequence[Demonstration], cache: _PrefixCache) -> float:
+def mean_loss(model: PreTrainedModel, demos: Sequence[Demonstration], cache: _PrefixCache) -> float:
     """Token-mean loss over `demos` (no gradient)."""
     import torch
 
@@ -436,7 +442,7 @@ def sft_lr_factor(step: int, *, warmup_steps: int, total_steps: int) -> float:
 
 
 def train_on_demonstrations(
-    model: Any, demos: Sequence[Demonstration], config: SFTTrainSection
+    model: PreTrainedModel, demos: Sequence[Demonstration], config: SFTTrainSection
 ) -> SFTTrainStats:
     """Fine-tune `model` in place; return loss history and counts."""
     import torch
@@ -571,7 +577,9 @@ def run_sft(config: SFTConfig, *, force: bool = False) -> SFTResult:
     return SFTResult(out, trained=True, info=info)
 
 
-def _save_atomically(out: Path, model: Any, tokenizer: Any, info: SFTInfo) -> None:
+def _save_atomically(
+    out: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, info: SFTInfo
+) -> None:
     """Write into a hidden sibling folder and rename it, so no half checkpoint is left.
 
     The same steps as a training checkpoint (`tir_rl.trainer.checkpoint`): a Hugging Face model

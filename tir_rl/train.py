@@ -55,6 +55,7 @@ from tir_rl.weight_sync import WeightSync
 if TYPE_CHECKING:
     from tir_rl.engine.parity import ParityReport
     from tir_rl.report.eval_stats import Estimate, EvalReport
+    from tir_rl.runtime import Runtime
     from tir_rl.trainer import StepResult
     from tir_rl.trainer.batch import TrainBatch
 
@@ -222,7 +223,8 @@ class _StepPlan:
 class _TrainLoop:
     """The state of one training run; `run` is the loop."""
 
-    def __init__(self, config: RunConfig, runtime: Any, *, resume: bool) -> None:
+    def __init__(self, config: RunConfig, runtime: Runtime | None, *, resume: bool) -> None:
+        """Build the trainer, guard and metrics sinks; `runtime` is None off rank 0."""
         from tir_rl.engine.parity import probe_ids_from_text
         from tir_rl.mismatch.guard import CollapseGuard
         from tir_rl.report.run_log import MetricsLogger
