@@ -15,9 +15,9 @@ import argparse
 import mfu
 from trainer_packing import make_batch
 
-from tir_rl.batch import Packing
 from tir_rl.mismatch import MismatchCorrection, correction
 from tir_rl.trainer import Trainer
+from tir_rl.trainer.batch import Packing
 
 
 def main() -> None:

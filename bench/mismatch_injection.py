@@ -19,12 +19,12 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from tir_rl.batch import TrainBatch
 from tir_rl.engine import GenerateRequest, VLLMLocalEngine
 from tir_rl.engine.parity import probe_ids_from_text, probe_parity, transformers_logprobs
 from tir_rl.mismatch import mismatch_metrics
 from tir_rl.mismatch.injection import MismatchInjection
 from tir_rl.trainer import Trainer
+from tir_rl.trainer.batch import TrainBatch
 from tir_rl.types import Trajectory
 
 QUESTIONS = [

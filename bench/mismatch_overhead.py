@@ -23,9 +23,9 @@ import time
 import mfu
 import torch
 
-from tir_rl.grpo import GRPOLoss
 from tir_rl.mismatch import MismatchCorrection, correction, mismatch_metrics
 from tir_rl.models import prepare_bundled_model, prepare_tiny_model
+from tir_rl.trainer.loss import GRPOLoss
 
 
 def multi_turn_layout(batch: int, length: int, *, num_turns: int, tool_len: int):

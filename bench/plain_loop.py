@@ -24,8 +24,8 @@ import mfu
 import torch
 from trainer_packing import make_batch
 
-from tir_rl.batch import Packing, TrainBatch
 from tir_rl.trainer import Trainer
+from tir_rl.trainer.batch import Packing, TrainBatch
 
 
 def plain_rows(batch: TrainBatch, rows_per_step: int):

@@ -23,8 +23,8 @@ import time
 import mfu
 import torch
 
-from tir_rl.batch import Packing, TrainBatch, plan_micro_batches
 from tir_rl.trainer import Trainer
+from tir_rl.trainer.batch import Packing, TrainBatch, plan_micro_batches
 from tir_rl.types import Trajectory
 
 

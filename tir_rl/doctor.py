@@ -197,7 +197,6 @@ def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
     """Run every check; starts the engine and trainer of `config` and plays a few episodes."""
     import json
 
-    from tir_rl.batch import TrainBatch
     from tir_rl.engine.parity import (
         DEFAULT_SAMPLED_PROBE_PROMPT,
         probe_ids_from_text,
@@ -209,6 +208,7 @@ def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
     from tir_rl.mismatch.injection import MismatchInjection
     from tir_rl.runtime import env_factory, open_runtime, task_specs
     from tir_rl.trainer import Trainer
+    from tir_rl.trainer.batch import TrainBatch
 
     findings: list[Finding] = [leftover_engine_finding(reap_leftovers())]
     injection = MismatchInjection(config.inject)

@@ -25,7 +25,7 @@ def resolve_checkpoint(checkpoint: str) -> str:
     if (path / "config.json").is_file():
         return str(path)
     if (path / "checkpoints").is_dir():
-        from tir_rl.checkpoint import latest_checkpoint
+        from tir_rl.trainer.checkpoint import latest_checkpoint
 
         latest = latest_checkpoint(path)
         if latest is not None:

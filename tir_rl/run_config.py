@@ -21,14 +21,14 @@ from typing import Any
 from tir_rl.config.reference import reference
 from tir_rl.engine.choice import EngineConfig
 from tir_rl.errors import ConfigError
-from tir_rl.grpo import GRPOLoss
-from tir_rl.lr_schedule import LRSchedule
 from tir_rl.mismatch import MismatchCorrection
 from tir_rl.mismatch.guard import CollapseGuard
 from tir_rl.mismatch.injection import MismatchInjection
 from tir_rl.rollout import Rollout
 from tir_rl.sandbox import SandboxConfig
 from tir_rl.trainer import Trainer
+from tir_rl.trainer.loss import GRPOLoss
+from tir_rl.trainer.lr_schedule import LRSchedule
 
 logger = logging.getLogger(__name__)
 

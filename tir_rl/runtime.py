@@ -11,17 +11,24 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tir_rl.engine.base import Engine
 from tir_rl.errors import ConfigError
 from tir_rl.run_config import EnvSection, RunConfig
 from tir_rl.types import Trajectory
 
+if TYPE_CHECKING:
+    import gymnasium
+
+    from tir_rl.chat.tokens import Tokenizer
+    from tir_rl.rollout import EpisodeSpec, Rollout
+    from tir_rl.rollout.episode import EnvFactory
+
 logger = logging.getLogger(__name__)
 
 
-def env_factory(section: EnvSection, split: str) -> Callable[[], Any]:
+def env_factory(section: EnvSection, split: str) -> EnvFactory:
     """A function that builds one fresh environment of `section` on `split`.
 
     `section.id` is a registered gymnasium id, ``module:Name-v0`` or ``module:ClassName``
@@ -32,7 +39,7 @@ def env_factory(section: EnvSection, split: str) -> Callable[[], Any]:
     build = env_maker(section.id)  # imports a `module:Name` id's module now
     kwargs = dict(section.kwargs)
 
-    def make() -> Any:
+    def make() -> gymnasium.Env:
         return build(split=split, **kwargs).unwrapped
 
     return make
@@ -44,11 +51,11 @@ class Runtime:
 
     config: RunConfig
     model_path: Path
-    tokenizer: Any
+    tokenizer: Tokenizer
     engine: Engine
-    rollout: Any
+    rollout: Rollout
 
-    def run_episodes(self, specs: Sequence[Any]) -> list[Trajectory]:
+    def run_episodes(self, specs: Sequence[EpisodeSpec]) -> list[Trajectory]:
         """Play `specs` concurrently and return their trajectories in order."""
         return asyncio.run(self.rollout.run_batch(list(specs)))
 
@@ -87,13 +94,13 @@ def open_runtime(config: RunConfig) -> Iterator[Runtime]:
 
 
 def task_specs(
-    factory: Callable[[], Any],
+    factory: EnvFactory,
     *,
     num_tasks: int,
     group_size: int,
     first_group_id: int = 0,
     seed_of: Callable[[int], int] | None = None,
-) -> list[Any]:
+) -> list[EpisodeSpec]:
     """Episode specs for `num_tasks` tasks with `group_size` samples each.
 
     Args:

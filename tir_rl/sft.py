@@ -8,8 +8,8 @@ step fine-tunes it on demonstrations first::
         ──► the env's own tool messages appended (mask 0) ──► ... ──► reward must be full
     demos ──► cross-entropy on mask-1 tokens (AdamW, fp32) ──► HF checkpoint (model + tokenizer)
 
-The optimizer, gradient clipping and seeding are the RL trainer's (`tir_rl.optimizer`); the
-checkpoint folder is written as a training checkpoint's model is (`tir_rl.checkpoint`).
+The optimizer, gradient clipping and seeding are the RL trainer's (`tir_rl.trainer.optimizer`); the
+checkpoint folder is written as a training checkpoint's model is (`tir_rl.trainer.checkpoint`).
 
 The token ids and loss mask of a demonstration are exactly those a rollout builds for the
 same assistant texts: the same `ChatFormat` (system prompt, tool schemas from
@@ -33,7 +33,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import random
 import time
 import zlib
@@ -42,13 +41,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tir_rl import checkpoint
 from tir_rl.config import to_dict
 from tir_rl.errors import ConfigError, TirError
-from tir_rl.optimizer import build_adamw, clip_gradients, grad_norm, seed_everything
+from tir_rl.trainer import checkpoint
+from tir_rl.trainer.lr_schedule import LRSchedule, lr_factor
+from tir_rl.trainer.optimizer import build_adamw, clip_gradients, grad_norm, seed_everything
 
 if TYPE_CHECKING:
     import torch
+    from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+    from tir_rl.chat.tokens import Tokenizer
+    from tir_rl.envs.base import ToolEnv
 
 logger = logging.getLogger(__name__)
 
@@ -263,7 +267,7 @@ def demonstration_seed(seed: int, index: int) -> int:
     return zlib.crc32(f"tir_rl/sft/{seed}/{index}".encode()) & 0x7FFFFFFF
 
 
-def play_demonstration(env: Any, tokenizer: Any, *, seed: int) -> Demonstration:
+def play_demonstration(env: ToolEnv, tokenizer: Tokenizer, *, seed: int) -> Demonstration:
     """Reset `env`, play its oracle's turns through `step`, render like a rollout.
 
     Raises:
@@ -302,13 +306,13 @@ def play_demonstration(env: Any, tokenizer: Any, *, seed: int) -> Demonstration:
     )
 
 
-def build_demonstrations(config: SFTConfig, tokenizer: Any) -> list[Demonstration]:
+def build_demonstrations(config: SFTConfig, tokenizer: Tokenizer) -> list[Demonstration]:
     """The config's demonstrations, from the train split of the real environment."""
     from tir_rl.envs.resolve import env_maker
 
     build = env_maker(config.env.id)  # a registered id, `module:Name-v0` or `module:Class`
     horizons = config.env.horizons or [None]
-    envs: dict[int | None, Any] = {}
+    envs: dict[int | None, ToolEnv] = {}
     demos = []
     try:
         for i in range(config.data.num_demos):
@@ -366,7 +370,7 @@ def plan_batches(
 class _PrefixCache:
     """Keys and values of the shared prefix under the current weights (no gradient)."""
 
-    def __init__(self, model: Any, prefix: list[int]) -> None:
+    def __init__(self, model: PreTrainedModel, prefix: list[int]) -> None:
         self.model = model
         self.prefix = prefix
         self._kv: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -380,14 +384,16 @@ class _PrefixCache:
             out = self.model.get_decoder()(input_ids=torch.tensor([self.prefix]), use_cache=True)
         self._kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
 
-    def fresh(self) -> Any:
+    def fresh(self) -> DynamicCache | None:
         """A new cache holding the prefix (the forward pass appends to it)."""
         from transformers import DynamicCache
 
         return DynamicCache(ddp_cache_data=self._kv) if self.prefix else None
 
 
-def sequence_loss(model: Any, demo: Demonstration, cache: _PrefixCache) -> tuple[Any, int]:
+def sequence_loss(
+    model: PreTrainedModel, demo: Demonstration, cache: _PrefixCache
+) -> tuple[torch.Tensor, int]:
     """Summed cross-entropy over the mask-1 tokens of `demo`, and their count."""
     import torch
 
@@ -407,7 +413,7 @@ def sequence_loss(model: Any, demo: Demonstration, cache: _PrefixCache) -> tuple
     return loss, int(mask.sum())
 
 
-def mean_loss(model: Any, demos: Sequence[Demonstration], cache: _PrefixCache) -> float:
+def mean_loss(model: PreTrainedModel, demos: Sequence[Demonstration], cache: _PrefixCache) -> float:
     """Token-mean loss over `demos` (no gradient)."""
     import torch
 
@@ -420,8 +426,23 @@ def mean_loss(model: Any, demos: Sequence[Demonstration], cache: _PrefixCache) -
     return total / max(count, 1)
 
 
+def sft_lr_factor(step: int, *, warmup_steps: int, total_steps: int) -> float:
+    """The lr multiplier at SFT optimizer step `step`.
+
+    The trainer's cosine schedule (`tir_rl.trainer.lr_schedule`): `warmup_steps` of linear
+    warm-up, then decay to 0 at `total_steps` (right after the warm-up when the run is no
+    longer than it).
+    """
+    return lr_factor(
+        step,
+        LRSchedule.COSINE,
+        warmup_steps=warmup_steps,
+        schedule_steps=max(total_steps, warmup_steps + 1),
+    )
+
+
 def train_on_demonstrations(
-    model: Any, demos: Sequence[Demonstration], config: SFTTrainSection
+    model: PreTrainedModel, demos: Sequence[Demonstration], config: SFTTrainSection
 ) -> SFTTrainStats:
     """Fine-tune `model` in place; return loss history and counts."""
     import torch
@@ -437,13 +458,10 @@ def train_on_demonstrations(
     total_steps = sum(len(e) for e in epochs)
     optimizer = build_adamw(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
 
-    def lr_factor(step: int) -> float:
-        if step < config.warmup_steps:
-            return (step + 1) / (config.warmup_steps + 1)
-        span = max(total_steps - config.warmup_steps, 1)
-        return 0.5 * (1 + math.cos(math.pi * (step - config.warmup_steps) / span))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda s: sft_lr_factor(s, warmup_steps=config.warmup_steps, total_steps=total_steps),
+    )
     model.train()
     history: list[SFTStepRecord] = []
     step = 0
@@ -559,10 +577,12 @@ def run_sft(config: SFTConfig, *, force: bool = False) -> SFTResult:
     return SFTResult(out, trained=True, info=info)
 
 
-def _save_atomically(out: Path, model: Any, tokenizer: Any, info: SFTInfo) -> None:
+def _save_atomically(
+    out: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, info: SFTInfo
+) -> None:
     """Write into a hidden sibling folder and rename it, so no half checkpoint is left.
 
-    The same steps as a training checkpoint (`tir_rl.checkpoint`): a Hugging Face model
+    The same steps as a training checkpoint (`tir_rl.trainer.checkpoint`): a Hugging Face model
     folder with the tokenizer, written into `temp_folder_for(out)`, then put in place.
     """
     tmp = checkpoint.temp_folder_for(out)

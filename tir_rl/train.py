@@ -41,22 +41,23 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
-from tir_rl import checkpoint
 from tir_rl import distributed as tdist
-from tir_rl.checkpoint import latest_checkpoint, step_folder
 from tir_rl.config import dump, load
 from tir_rl.errors import ConfigError, ParityError, TirError
 from tir_rl.mismatch.injection import MismatchInjection
 from tir_rl.report.step_metrics import StepOutcome, episode_row, step_row
 from tir_rl.run_config import RunConfig
+from tir_rl.trainer import checkpoint
+from tir_rl.trainer.checkpoint import latest_checkpoint, step_folder
 from tir_rl.types import Trajectory
 from tir_rl.weight_sync import WeightSync
 
 if TYPE_CHECKING:
-    from tir_rl.batch import TrainBatch
     from tir_rl.engine.parity import ParityReport
     from tir_rl.report.eval_stats import Estimate, EvalReport
+    from tir_rl.runtime import Runtime
     from tir_rl.trainer import StepResult
+    from tir_rl.trainer.batch import TrainBatch
 
 logger = logging.getLogger(__name__)
 
@@ -222,13 +223,14 @@ class _StepPlan:
 class _TrainLoop:
     """The state of one training run; `run` is the loop."""
 
-    def __init__(self, config: RunConfig, runtime: Any, *, resume: bool) -> None:
+    def __init__(self, config: RunConfig, runtime: Runtime | None, *, resume: bool) -> None:
+        """Build the trainer, guard and metrics sinks; `runtime` is None off rank 0."""
         from tir_rl.engine.parity import probe_ids_from_text
-        from tir_rl.grpo import GRPOLoss
         from tir_rl.mismatch.guard import CollapseGuard
         from tir_rl.report.run_log import MetricsLogger
         from tir_rl.runtime import env_factory
         from tir_rl.trainer import Trainer
+        from tir_rl.trainer.loss import GRPOLoss
 
         self.config = config
         self.runtime = runtime
@@ -589,8 +591,8 @@ def plan_step(
     sequence with an empty loss mask: it runs the passes FSDP2 needs and adds nothing to
     the loss or the token count (its per-rank metrics still enter the rank average).
     """
-    from tir_rl.batch import TrainBatch
-    from tir_rl.grpo import group_advantages
+    from tir_rl.trainer.batch import TrainBatch
+    from tir_rl.trainer.loss import group_advantages
 
     rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
     groups = torch.tensor([t.group_id for t in trajectories], dtype=torch.long)

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from tir_rl.batch import Packing, TrainBatch, plan_micro_batches
 from tir_rl.errors import ConfigError
+from tir_rl.trainer.batch import Packing, TrainBatch, plan_micro_batches
 from tir_rl.types import Trajectory
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tir_rl.token_stats import chunked_token_logprobs, token_stats
+from tir_rl.trainer.token_stats import chunked_token_logprobs, token_stats
 
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 

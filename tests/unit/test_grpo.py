@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tir_rl.errors import ConfigError
-from tir_rl.grpo import Aggregation, GRPOLoss, ReinforceLoss, group_advantages
+from tir_rl.trainer.loss import Aggregation, GRPOLoss, ReinforceLoss, group_advantages
 
 
 def make_batch(*, seed: int = 0):

@@ -25,7 +25,13 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "foundation",
         (
-            "tir_rl", "errors", "types", "config", "process_owner", "models", "lab_model",
+            "tir_rl",
+            "errors",
+            "types",
+            "config",
+            "process_owner",
+            "models",
+            "lab_model",
             "distributed",
         ),
     ),
@@ -35,19 +41,8 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("chat", ("chat",)),
     ("engine", ("engine",)),
     ("rollout", ("rollout",)),
-    (
-        "learning",
-        (
-            "grpo",
-            "token_stats",
-            "lr_schedule",
-            "mismatch",
-            "batch",
-            "optimizer",
-            "trainer",
-            "checkpoint",
-        ),
-    ),
+    ("mismatch", ("mismatch",)),
+    ("learning", ("trainer",)),
     ("weight sync", ("weight_sync",)),
     ("reporting", ("report",)),
     (
@@ -199,7 +194,13 @@ def test_an_upward_import_is_reported(tmp_path):
 
 @pytest.mark.parametrize(
     ("module", "stage"),
-    [("tir_rl", "foundation"), ("tir_rl.envs.multihop", "envs"), ("tir_rl.chat.parse", "chat")],
+    [
+        ("tir_rl", "foundation"),
+        ("tir_rl.envs.multihop", "envs"),
+        ("tir_rl.chat.parse", "chat"),
+        ("tir_rl.mismatch.metrics", "mismatch"),
+        ("tir_rl.trainer.loss", "learning"),
+    ],
 )
 def test_stage_lookup(module, stage):
     assert STAGES[stage_of(module)][0] == stage

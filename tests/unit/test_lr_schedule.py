@@ -4,8 +4,8 @@ import pytest
 
 from tir_rl import config
 from tir_rl.errors import ConfigError
-from tir_rl.lr_schedule import LRSchedule, lr_factor
 from tir_rl.run_config import RunConfig
+from tir_rl.trainer.lr_schedule import LRSchedule, lr_factor
 
 
 def test_constant_is_one_at_every_step():

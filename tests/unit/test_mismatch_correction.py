@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from tir_rl.errors import ConfigError
-from tir_rl.grpo import Aggregation, GRPOLoss, ReinforceLoss
 from tir_rl.mismatch import (
     PRESET_NAMES,
     BypassMode,
@@ -13,6 +12,7 @@ from tir_rl.mismatch import (
     correction,
     mismatch_metrics,
 )
+from tir_rl.trainer.loss import Aggregation, GRPOLoss, ReinforceLoss
 
 Config = MismatchCorrection.Config
 NAN, INF = float("nan"), float("inf")

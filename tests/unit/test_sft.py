@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from tir_rl.sft import (
     plan_batches,
     play_demonstration,
     run_sft,
+    sft_lr_factor,
     shared_prefix_length,
 )
 from tir_rl.types import RolloutStatus
@@ -243,3 +245,21 @@ def test_sft_info_reads_back_what_it_writes():
     tree = json.loads(json.dumps(info.to_dict()))
     assert tree["steps"] == 2 and tree["loss_before"] == 0.8 and len(tree["history"]) == 2
     assert SFTInfo.from_dict(tree) == info
+
+
+def _cosine_with_warmup(step: int, warmup_steps: int, total_steps: int) -> float:
+    """SFT's schedule as sft.py wrote it before it called the trainer's `lr_factor`."""
+    if step < warmup_steps:
+        return (step + 1) / (warmup_steps + 1)
+    span = max(total_steps - warmup_steps, 1)
+    return 0.5 * (1 + math.cos(math.pi * (step - warmup_steps) / span))
+
+
+@pytest.mark.parametrize(
+    ("warmup_steps", "total_steps"), [(0, 1), (0, 10), (2, 10), (3, 3), (5, 2), (2, 0), (4, 5)]
+)
+def test_sft_lr_schedule_is_the_trainers_cosine_with_warmup(warmup_steps, total_steps):
+    for step in range(total_steps + 1):  # LambdaLR also asks for the step after the last
+        assert sft_lr_factor(
+            step, warmup_steps=warmup_steps, total_steps=total_steps
+        ) == pytest.approx(_cosine_with_warmup(step, warmup_steps, total_steps), abs=1e-12)

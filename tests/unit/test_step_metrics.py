@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-from tir_rl.batch import TrainBatch
 from tir_rl.engine.parity import ParityReport
 from tir_rl.report.step_metrics import StepOutcome, episode_row, step_row
 from tir_rl.trainer import StepResult
+from tir_rl.trainer.batch import TrainBatch
 from tir_rl.types import RolloutStatus, Trajectory
 
 

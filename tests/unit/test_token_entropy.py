@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from tir_rl.token_stats import token_entropy
+from tir_rl.trainer.token_stats import token_entropy
 
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 

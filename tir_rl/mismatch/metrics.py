@@ -20,8 +20,9 @@ import math
 import torch
 from torch import Tensor
 
-from tir_rl.grpo import LOG_RATIO_BOUND
-
+LOG_RATIO_BOUND = 20.0
+"""Log-ratios are clamped to [−20, 20] before `exp` (verl `SAFETY_BOUND`), here and in the
+policy loss (`tir_rl.trainer.loss`)."""
 METRIC_EXP_BOUND = 300.0
 """Metrics clamp log-ratios to this before `exp`: exp(2 · 300) is still finite in float64."""
 LOG_PPL_BOUND = 50.0

@@ -18,9 +18,9 @@ from tir_rl.mismatch import mismatch_metrics
 if TYPE_CHECKING:
     import torch
 
-    from tir_rl.batch import TrainBatch
     from tir_rl.engine.parity import ParityReport
     from tir_rl.trainer import StepResult
+    from tir_rl.trainer.batch import TrainBatch
     from tir_rl.types import Trajectory
 
 

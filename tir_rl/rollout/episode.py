@@ -36,13 +36,15 @@ from tir_rl.types import (
 )
 
 if TYPE_CHECKING:
+    import gymnasium
+
     from tir_rl.chat import ChatFormat, Conversation
     from tir_rl.engine.base import Engine
 
 T = TypeVar("T")
 
 
-EnvFactory = Callable[[], Any]
+EnvFactory = Callable[[], "gymnasium.Env"]
 """Builds one fresh environment (a `ToolEnv` or any gymnasium env with the same API)."""
 
 

@@ -48,6 +48,7 @@ from tir_rl.types import Trajectory
 
 if TYPE_CHECKING:
     from tir_rl.chat import ChatFormat
+    from tir_rl.chat.tokens import Tokenizer
     from tir_rl.engine.base import Engine
 
 __all__ = ["Rollout", "group_specs"]
@@ -72,10 +73,10 @@ class Rollout:
     def __init__(
         self,
         engine: Engine,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         config: Config | None = None,
         *,
-        chat_config: Any = None,
+        chat_config: ChatFormat.Config | None = None,
     ) -> None:
         self.config = config or Rollout.Config()
         self.config.validate()

@@ -14,16 +14,15 @@ import pytest
 import torch
 from fsdp2_train_worker import INJECTED_PARITY_MESSAGE
 
-from tir_rl import checkpoint
 from tir_rl import distributed as tdist
-from tir_rl.checkpoint import latest_checkpoint
 from tir_rl.config import load
-from tir_rl.grpo import GRPOLoss
 from tir_rl.models import prepare_tiny_model
 from tir_rl.report.run_log import load_trajectories, read_metrics
 from tir_rl.run_config import RunConfig
 from tir_rl.train import plan_step
-from tir_rl.trainer import Trainer
+from tir_rl.trainer import Trainer, checkpoint
+from tir_rl.trainer.checkpoint import latest_checkpoint
+from tir_rl.trainer.loss import GRPOLoss
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.model]
 

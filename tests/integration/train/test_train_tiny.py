@@ -5,7 +5,6 @@ import json
 import gymnasium
 import pytest
 
-from tir_rl.checkpoint import latest_checkpoint
 from tir_rl.config import load
 from tir_rl.doctor import Verdict, run_doctor
 from tir_rl.envs.multihop import MultiHopEnv
@@ -14,6 +13,7 @@ from tir_rl.models import prepare_tiny_model
 from tir_rl.report.run_log import load_trajectories, read_metrics
 from tir_rl.run_config import RunConfig
 from tir_rl.train import load_resume_config, run_train
+from tir_rl.trainer.checkpoint import latest_checkpoint
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model]
 

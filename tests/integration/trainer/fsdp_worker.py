@@ -11,9 +11,8 @@ from pathlib import Path
 import torch
 from trainer_helpers import make_batch
 
-from tir_rl import checkpoint
 from tir_rl import distributed as tdist
-from tir_rl.trainer import Trainer
+from tir_rl.trainer import Trainer, checkpoint
 
 # Rank 0's half is short (one packed row), rank 1's is long (several rows), so the ranks run
 # different numbers of micro-batches and the empty passes are exercised.

@@ -10,9 +10,9 @@ import pytest
 import torch
 from trainer_helpers import make_batch
 
-from tir_rl import checkpoint
 from tir_rl.errors import ConfigError
 from tir_rl.mismatch.guard import CollapseGuard
+from tir_rl.trainer import checkpoint
 
 
 def test_resume_reproduces_the_next_step_exactly(make_trainer, tmp_path):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from trainer_helpers import make_batch
 
-from tir_rl import checkpoint
+from tir_rl.trainer import checkpoint
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -36,7 +36,7 @@ def test_vllm_loads_the_saved_model_and_agrees_with_the_trainer(make_trainer, tm
         out = llm.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0]
         sampled = list(out.token_ids)
         sampler = torch.tensor([lp[t].logprob for lp, t in zip(out.logprobs, sampled, strict=True)])
-        from tir_rl.batch import TrainBatch
+        from tir_rl.trainer.batch import TrainBatch
         from tir_rl.types import Trajectory
 
         probe = TrainBatch.from_trajectories(

@@ -6,9 +6,9 @@ import pytest
 import torch
 from trainer_helpers import make_batch, with_sampler_logprobs
 
-from tir_rl.grpo import Aggregation, GRPOLoss
 from tir_rl.mismatch import MismatchCorrection
 from tir_rl.trainer import Trainer
+from tir_rl.trainer.loss import Aggregation, GRPOLoss
 
 CASES = [
     ("token_mean", Aggregation.TOKEN_MEAN, "none"),

@@ -6,7 +6,7 @@ import pytest
 import torch
 from trainer_helpers import make_batch
 
-from tir_rl.lr_schedule import LRSchedule
+from tir_rl.trainer.lr_schedule import LRSchedule
 
 
 def max_update(trainer, batch, advantages) -> float:

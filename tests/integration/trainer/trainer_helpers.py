@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from tir_rl.batch import TrainBatch
+from tir_rl.trainer.batch import TrainBatch
 from tir_rl.types import Trajectory
 
 

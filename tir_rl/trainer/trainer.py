@@ -54,10 +54,7 @@ import torch
 from torch import nn
 
 from tir_rl import distributed as tdist
-from tir_rl.batch import MicroBatch, Packing, TrainBatch, plan_micro_batches
 from tir_rl.errors import ConfigError, did_you_mean
-from tir_rl.grpo import GRPOLoss
-from tir_rl.lr_schedule import LRSchedule, check_schedule, lr_factor
 from tir_rl.mismatch import (
     BypassMode,
     CorrectionResult,
@@ -68,8 +65,11 @@ from tir_rl.mismatch import (
 )
 from tir_rl.mismatch.guard import CollapseGuard, GuardAction, GuardDecision
 from tir_rl.models import resolve_model
-from tir_rl.optimizer import build_adamw, clip_gradients, seed_everything
-from tir_rl.token_stats import token_stats
+from tir_rl.trainer.batch import MicroBatch, Packing, TrainBatch, plan_micro_batches
+from tir_rl.trainer.loss import GRPOLoss
+from tir_rl.trainer.lr_schedule import LRSchedule, check_schedule, lr_factor
+from tir_rl.trainer.optimizer import build_adamw, clip_gradients, seed_everything
+from tir_rl.trainer.token_stats import token_stats
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 class PolicyLoss(Protocol):
-    """What the trainer needs from a loss (`tir_rl.grpo.GRPOLoss` fits)."""
+    """What the trainer needs from a loss (`tir_rl.trainer.loss.GRPOLoss` fits)."""
 
     def __call__(
         self,
@@ -169,7 +169,7 @@ class Trainer:
         lr_schedule: LRSchedule = LRSchedule.CONSTANT
         """`constant` or `cosine` (decay to `min_lr_ratio`·lr at `schedule_steps`); both
         start with `warmup_steps` of linear warm-up. Steps count `train_step` calls (RL steps
-        with an update to make; see `tir_rl.lr_schedule`)."""
+        with an update to make; see `tir_rl.trainer.lr_schedule`)."""
         warmup_steps: int = 0
         """Linear warm-up: step s < warmup_steps uses lr·(s + 1)/(warmup_steps + 1)."""
         schedule_steps: int = 0

@@ -25,9 +25,7 @@ import torch
 from torch import Tensor
 
 from tir_rl.errors import ConfigError
-
-LOG_RATIO_BOUND = 20.0
-"""Log-ratios are clamped to [−20, 20] before `exp` (verl `SAFETY_BOUND`)."""
+from tir_rl.mismatch.metrics import LOG_RATIO_BOUND
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from tir_rl.errors import ConfigError
 
 if TYPE_CHECKING:
     from tir_rl.mismatch.guard import CollapseGuard
-    from tir_rl.trainer import Trainer
+    from tir_rl.trainer.trainer import Trainer
 
 MODEL_DIR = "model"
 _STATE_FILE = "trainer_state.json"

@@ -1,0 +1,14 @@
+"""The learning stage: a batch of trajectories in, one optimizer step on the policy out.
+
+`Trainer` (`trainer.py`) runs the step: micro-batches planned by `batch.py`, per-token
+logprobs and entropy from `token_stats.py`, the mismatch correction (`tir_rl.mismatch`), the
+policy loss (`loss.py`), AdamW with clipping (`optimizer.py`) at the rate of
+`lr_schedule.py`. `checkpoint.py` saves and resumes the trainer's state and writes the
+Hugging Face model folder SFT writes too.
+"""
+
+from tir_rl.trainer.batch import Packing, TrainBatch
+from tir_rl.trainer.lr_schedule import LRSchedule
+from tir_rl.trainer.trainer import PolicyLoss, StepResult, Trainer
+
+__all__ = ["LRSchedule", "Packing", "PolicyLoss", "StepResult", "TrainBatch", "Trainer"]
