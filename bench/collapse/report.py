@@ -4,8 +4,10 @@
 
 Runs are the sub-folders `<setting>_s<seed>` holding a `metrics.jsonl`. Each run is judged
 with `verdict.judge_run` from this folder (collapse = gradient-norm spike and/or lasting
-reward drop; see `verdict.py`). Prints a markdown table (also written to `report.md` in the
-runs folder) and writes PNG plots, one line per setting (mean over seeds).
+reward drop; see `verdict.py`). Prints two markdown tables (also written to `report.md` in
+the runs folder): one row per setting, seeds pooled, and one row per run with its reward at
+every step and its entropy first → last. Writes PNG plots, one line per setting (mean over
+seeds).
 """
 
 from __future__ import annotations
@@ -103,6 +105,23 @@ def table(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
+def trajectories(runs: list[Run]) -> str:
+    """One markdown row per run: its training reward at every step, its entropy first → last.
+
+    The numbers the write-up quotes per run, so that none of them needs a script of its own.
+    """
+    lines = ["| run | rollout reward per step | entropy first → last |", "|---|---|---|"]
+    for run in sorted(runs, key=lambda r: (_ordered([r.setting])[0], r.seed)):
+        rewards = values_by_step(run.rows, "rollout/reward_mean")
+        entropy = values_by_step(run.rows, "train/entropy")
+        reward_text = ", ".join(f"{rewards[s]:.2f}" for s in sorted(rewards)) or "–"
+        entropy_text = (
+            f"{entropy[min(entropy)]:.2f} → {entropy[max(entropy)]:.2f}" if entropy else "–"
+        )
+        lines.append(f"| {run.setting}_s{run.seed} | {reward_text} | {entropy_text} |")
+    return "\n".join(lines)
+
+
 def _ordered(settings: Any) -> list[str]:
     names = list(settings)
     return sorted(names, key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
@@ -197,7 +216,7 @@ def main() -> None:
     runs = load_runs(args.root)
     if not runs:
         raise SystemExit(f"no runs with metrics.jsonl under {args.root}")
-    text = table(runs)
+    text = table(runs) + "\n\n" + trajectories(runs)
     print(text)
     (args.root / "report.md").write_text(text + "\n")
     for path in plot(runs, args.plots or args.root / "plots"):

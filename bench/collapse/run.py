@@ -132,9 +132,27 @@ def main() -> None:
 
 
 def lab_clean_eval(lab: bool, overrides: list[str]) -> tuple[str, ...]:
-    """`CLEAN_EVAL` for a lab run, unless `overrides` perturb the engine itself."""
-    engine_level = any(o.startswith("inject.sampler_dtype=") for o in overrides)
-    return (CLEAN_EVAL,) if lab and not engine_level else ()
+    """`CLEAN_EVAL` for a lab run, unless the run config refuses it for these overrides.
+
+    RunConfig decides (it refuses a clean evaluation when the engine itself is perturbed, e.g.
+    `inject.sampler_dtype`); this only asks it, so the two cannot drift apart. Overrides that
+    fail without `CLEAN_EVAL` too are left for the run itself to report.
+    """
+    if not lab:
+        return ()
+    from tir_rl.config import load
+    from tir_rl.errors import ConfigError
+    from tir_rl.run_config import RunConfig
+
+    try:
+        load(RunConfig, LAB_CONFIG, ["model=tiny", *overrides, CLEAN_EVAL])
+    except ConfigError:
+        try:
+            load(RunConfig, LAB_CONFIG, ["model=tiny", *overrides])
+        except ConfigError:
+            return (CLEAN_EVAL,)
+        return ()
+    return (CLEAN_EVAL,)
 
 
 def warm_start() -> str:
