@@ -16,6 +16,8 @@ that folder is the whole W&B run; `wandb sync run_dir/wandb/offline-run-*` uploa
 from __future__ import annotations
 
 import importlib.util
+import secrets
+import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -52,6 +54,12 @@ def require_wandb() -> None:
             f"run.loggers names 'wandb' but the wandb package is not installed: {INSTALL_HINT} "
             "(or drop 'wandb' from run.loggers)."
         )
+
+
+def new_run_id() -> str:
+    """A fresh W&B run id: 8 random lowercase letters and digits (W&B's own form)."""
+    alphabet = string.ascii_lowercase + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(8))
 
 
 class WandbSink:
@@ -95,7 +103,7 @@ class WandbSink:
         id_file = run_dir / RUN_ID_FILE
         run_id = id_file.read_text().strip() if resume and id_file.is_file() else ""
         if not run_id:
-            run_id = wandb.util.generate_id()
+            run_id = new_run_id()
             id_file.write_text(run_id + "\n")
         self.run_id = run_id
         self._run = wandb.init(

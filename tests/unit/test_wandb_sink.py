@@ -1,0 +1,183 @@
+"""The W&B sink against the real `wandb` package in offline mode (no network).
+
+Offline, W&B writes the run as protobuf `Record`s in a LevelDB-style log,
+`<run_dir>/wandb/offline-run-<time>-<id>/run-<id>.wandb`, and images under `files/media/`.
+`read_records` reads that log back with wandb's own protobuf classes.
+"""
+
+import json
+import struct
+import time
+from pathlib import Path
+
+import pytest
+
+wandb = pytest.importorskip(
+    "wandb", reason='wandb is not installed (pip install "tir-rl[wandb]", or the dev extra)'
+)
+from wandb.proto import wandb_internal_pb2  # noqa: E402 (after the skip)
+
+from tir_rl.report.metrics_logger import MetricsLogger  # noqa: E402
+from tir_rl.report.sinks import LoggerName  # noqa: E402
+from tir_rl.report.wandb_sink import RUN_ID_FILE, WandbMode, WandbSink  # noqa: E402
+
+_BLOCK = 32 * 1024
+_HEADER = 7  # file: ":W&B", magic, version; record: crc32, length, type
+_FULL, _LAST = 1, 4
+
+
+def read_records(path: Path, *, timeout_s: float = 30.0) -> list:
+    """The `Record`s of a finished run's `.wandb` file, in order.
+
+    `run.finish()` can return before W&B's service process has written the file to its end
+    (the `exit` record): wait for that record.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = _parse_records(path.read_bytes())
+        if records and records[-1].WhichOneof("record_type") == "exit":
+            return records
+        assert time.monotonic() < deadline, f"{path} has no exit record after {timeout_s} s"
+        time.sleep(0.1)
+
+
+def _parse_records(data: bytes) -> list:
+    if len(data) < _HEADER:
+        return []
+    assert data[:4] == b":W&B", data[:7]
+    records, pending, pos = [], b"", _HEADER
+    while pos + _HEADER <= len(data):
+        if _BLOCK - pos % _BLOCK < _HEADER:  # a block's tail too short for a header is padding
+            pos += _BLOCK - pos % _BLOCK
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + _HEADER])
+        pos += _HEADER
+        if pos + length > len(data):  # the writer is still at it
+            break
+        pending += data[pos : pos + length]
+        pos += length
+        if kind in (_FULL, _LAST):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+            pending = b""
+    return records
+
+
+def history(records) -> list[dict]:
+    rows = []
+    for record in records:
+        if record.WhichOneof("record_type") == "history":
+            rows.append(
+                {".".join(i.nested_key) or i.key: i.value_json for i in record.history.item}
+            )
+    return rows
+
+
+def logged_config(records) -> dict:
+    config = {}
+    for record in records:
+        kind = record.WhichOneof("record_type")
+        updates = record.run.config.update if kind == "run" else ()
+        updates = record.config.update if kind == "config" else updates
+        for item in updates:
+            config[item.key] = json.loads(item.value_json)
+    return config
+
+
+@pytest.fixture
+def offline(tmp_path, monkeypatch):
+    """W&B offline, silent, with every folder it writes inside `tmp_path`."""
+    for name, value in {
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_DIR": str(tmp_path / "wandb_dir"),
+        "WANDB_CONFIG_DIR": str(tmp_path / "wandb_config"),
+        "WANDB_CACHE_DIR": str(tmp_path / "wandb_cache"),
+        "WANDB_DATA_DIR": str(tmp_path / "wandb_data"),
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    return tmp_path
+
+
+def write_png(path: Path) -> Path:
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (8, 8), (200, 30, 30)).save(path)
+    return path
+
+
+def open_logger(run_dir: Path, *, resume_after_step=None, **wandb_settings) -> MetricsLogger:
+    config = MetricsLogger.Config(
+        run_dir=run_dir,
+        loggers=[LoggerName.JSONL, LoggerName.WANDB],
+        wandb=WandbSink.Config(mode=WandbMode.OFFLINE, **wandb_settings),
+        resume_after_step=resume_after_step,
+    )
+    return MetricsLogger.open(config)
+
+
+def run_files(run_dir: Path) -> list[Path]:
+    return sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+
+
+def test_offline_run_holds_the_config_rows_and_plots(offline):
+    run_dir = offline / "runs" / "demo"
+    with open_logger(run_dir, tags=["smoke"]) as logger:
+        logger.log_config({"run": {"name": "demo", "steps": 2}, "model": "tiny"})
+        logger.log(1, {"train/loss": 0.5, "mismatch/kl": float("nan")})
+        logger.log(2, {"train/loss": 0.25})
+        logger.log(2, {"eval/pass_at_1": 0.75})  # an evaluation shares its step
+        logger.log_plots(2, [write_png(run_dir / "plots" / "reward.png")])
+
+    (path,) = run_files(run_dir)
+    run_id = (run_dir / RUN_ID_FILE).read_text().strip()
+    assert path.name == f"run-{run_id}.wandb"
+    records = read_records(path)
+    (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert run.run_id == run_id and run.project == "tir-rl"
+    assert run.display_name == "demo" and list(run.tags) == ["smoke"]
+    config = logged_config(records)
+    assert config["run"] == {"name": "demo", "steps": 2} and config["model"] == "tiny"
+
+    rows = history(records)
+    steps_and_loss = [(r["step"], r.get("train/loss")) for r in rows if "train/loss" in r]
+    assert steps_and_loss == [("1", "0.5"), ("2", "0.25")]
+    assert rows[0]["mismatch/kl"] == "NaN"
+    assert [r["step"] for r in rows if "eval/pass_at_1" in r] == ["2"]
+    (plot_row,) = [r for r in rows if "plots/reward._type" in r]  # an image is a nested value
+    assert plot_row["step"] == "2" and json.loads(plot_row["plots/reward._type"]) == "image-file"
+    image = path.parent / "files" / json.loads(plot_row["plots/reward.path"])
+    assert image.suffix == ".png" and image.is_file()
+
+
+def test_resume_continues_the_same_wandb_run(offline):
+    run_dir = offline / "runs" / "again"
+    with open_logger(run_dir) as logger:
+        logger.log(1, {"train/loss": 1.0})
+    first_id = (run_dir / RUN_ID_FILE).read_text().strip()
+    with open_logger(run_dir, resume_after_step=1) as logger:
+        logger.log(2, {"train/loss": 0.5})
+    assert (run_dir / RUN_ID_FILE).read_text().strip() == first_id
+    files = run_files(run_dir)
+    assert [f.name for f in files] == [f"run-{first_id}.wandb"] * 2
+    resumed = history(read_records(files[-1]))
+    assert [(r["step"], r["train/loss"]) for r in resumed] == [("2", "0.5")]
+
+
+def test_a_fresh_run_in_the_same_folder_starts_a_new_wandb_run(offline):
+    run_dir = offline / "runs" / "fresh"
+    with open_logger(run_dir) as logger:
+        logger.log(1, {"train/loss": 1.0})
+    first_id = (run_dir / RUN_ID_FILE).read_text().strip()
+    with open_logger(run_dir, name="renamed") as logger:
+        logger.log(1, {"train/loss": 0.5})
+    second_id = (run_dir / RUN_ID_FILE).read_text().strip()
+    assert second_id != first_id
+    by_name = {f.name: f for f in run_files(run_dir)}
+    assert set(by_name) == {f"run-{first_id}.wandb", f"run-{second_id}.wandb"}
+    records = read_records(by_name[f"run-{second_id}.wandb"])
+    (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert run.display_name == "renamed"
