@@ -17,6 +17,7 @@ wandb = pytest.importorskip(
 )
 from wandb.proto import wandb_internal_pb2  # noqa: E402 (after the skip)
 
+from tir_rl.errors import ConfigError  # noqa: E402
 from tir_rl.report.metrics_logger import MetricsLogger  # noqa: E402
 from tir_rl.report.sinks import LoggerName  # noqa: E402
 from tir_rl.report.wandb_sink import RUN_ID_FILE, WandbMode, WandbSink  # noqa: E402
@@ -181,3 +182,12 @@ def test_a_fresh_run_in_the_same_folder_starts_a_new_wandb_run(offline):
     records = read_records(by_name[f"run-{second_id}.wandb"])
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert run.display_name == "renamed"
+
+
+def test_a_run_wandb_refuses_to_start_is_a_config_error(offline, monkeypatch):
+    def refuse(**kwargs):
+        raise wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.")
+
+    monkeypatch.setattr(wandb, "init", refuse)
+    with pytest.raises(ConfigError, match=r"W&B could not start the run.*wandb login"):
+        WandbSink(WandbSink.Config(mode=WandbMode.ONLINE), run_dir=offline)

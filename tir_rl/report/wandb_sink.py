@@ -91,7 +91,8 @@ class WandbSink:
         """Start (or, with `resume`, continue) the W&B run of `run_dir`.
 
         Raises:
-            ConfigError: `wandb` is not installed.
+            ConfigError: `wandb` is not installed, or W&B refused to start the run (not
+                logged in, an unknown entity).
         """
         try:
             import wandb
@@ -106,16 +107,23 @@ class WandbSink:
             run_id = new_run_id()
             id_file.write_text(run_id + "\n")
         self.run_id = run_id
-        self._run = wandb.init(
-            project=config.project,
-            entity=config.entity,
-            name=config.name or run_dir.name,
-            mode=None if config.mode is None else str(config.mode),
-            tags=list(config.tags),
-            dir=str(run_dir),
-            id=run_id,
-            resume="allow",
-        )
+        try:
+            self._run = wandb.init(
+                project=config.project,
+                entity=config.entity,
+                name=config.name or run_dir.name,
+                mode=None if config.mode is None else str(config.mode),
+                tags=list(config.tags),
+                dir=str(run_dir),
+                id=run_id,
+                resume="allow",
+            )
+        except wandb.errors.Error as exc:
+            raise ConfigError(
+                f"W&B could not start the run ({type(exc).__name__}: {exc}). Log in with "
+                "`wandb login` (or set WANDB_API_KEY), check wandb.project/wandb.entity, or "
+                "set wandb.mode=offline and upload later with `wandb sync`."
+            ) from exc
         self._run.define_metric(STEP_KEY)
         self._run.define_metric("*", step_metric=STEP_KEY)
 
