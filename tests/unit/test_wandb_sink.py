@@ -1,13 +1,11 @@
 """The W&B sink against the real `wandb` package in offline mode (no network).
 
 Offline, W&B writes the run as protobuf `Record`s in a LevelDB-style log,
-`<run_dir>/wandb/offline-run-<time>-<id>/run-<id>.wandb`, and images under `files/media/`.
-`read_records` reads that log back with wandb's own protobuf classes.
+`<run_dir>/wandb/offline-run-<time>-<id>/run-<id>.wandb`, and images under `files/media/`;
+`wandb_records.read_records` reads that log back with wandb's own protobuf classes.
 """
 
 import json
-import struct
-import time
 from pathlib import Path
 
 import pytest
@@ -15,75 +13,12 @@ import pytest
 wandb = pytest.importorskip(
     "wandb", reason='wandb is not installed (pip install "tir-rl[wandb]", or the dev extra)'
 )
-from wandb.proto import wandb_internal_pb2  # noqa: E402 (after the skip)
+from wandb_records import history, logged_config, read_records, run_files  # noqa: E402
 
 from tir_rl.errors import ConfigError  # noqa: E402
 from tir_rl.report.metrics_logger import MetricsLogger  # noqa: E402
 from tir_rl.report.sinks import LoggerName  # noqa: E402
 from tir_rl.report.wandb_sink import RUN_ID_FILE, WandbMode, WandbSink  # noqa: E402
-
-_BLOCK = 32 * 1024
-_HEADER = 7  # file: ":W&B", magic, version; record: crc32, length, type
-_FULL, _LAST = 1, 4
-
-
-def read_records(path: Path, *, timeout_s: float = 30.0) -> list:
-    """The `Record`s of a finished run's `.wandb` file, in order.
-
-    `run.finish()` can return before W&B's service process has written the file to its end
-    (the `exit` record): wait for that record.
-    """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        records = _parse_records(path.read_bytes())
-        if records and records[-1].WhichOneof("record_type") == "exit":
-            return records
-        assert time.monotonic() < deadline, f"{path} has no exit record after {timeout_s} s"
-        time.sleep(0.1)
-
-
-def _parse_records(data: bytes) -> list:
-    if len(data) < _HEADER:
-        return []
-    assert data[:4] == b":W&B", data[:7]
-    records, pending, pos = [], b"", _HEADER
-    while pos + _HEADER <= len(data):
-        if _BLOCK - pos % _BLOCK < _HEADER:  # a block's tail too short for a header is padding
-            pos += _BLOCK - pos % _BLOCK
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + _HEADER])
-        pos += _HEADER
-        if pos + length > len(data):  # the writer is still at it
-            break
-        pending += data[pos : pos + length]
-        pos += length
-        if kind in (_FULL, _LAST):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(pending)
-            records.append(record)
-            pending = b""
-    return records
-
-
-def history(records) -> list[dict]:
-    rows = []
-    for record in records:
-        if record.WhichOneof("record_type") == "history":
-            rows.append(
-                {".".join(i.nested_key) or i.key: i.value_json for i in record.history.item}
-            )
-    return rows
-
-
-def logged_config(records) -> dict:
-    config = {}
-    for record in records:
-        kind = record.WhichOneof("record_type")
-        updates = record.run.config.update if kind == "run" else ()
-        updates = record.config.update if kind == "config" else updates
-        for item in updates:
-            config[item.key] = json.loads(item.value_json)
-    return config
 
 
 @pytest.fixture
@@ -118,10 +53,6 @@ def open_logger(run_dir: Path, *, resume_after_step=None, **wandb_settings) -> M
         resume_after_step=resume_after_step,
     )
     return MetricsLogger.open(config)
-
-
-def run_files(run_dir: Path) -> list[Path]:
-    return sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
 
 
 def test_offline_run_holds_the_config_rows_and_plots(offline):
