@@ -30,7 +30,8 @@ _EPILOG_TRAIN = """examples:
   tir-rl train --resume runs/quickstart            # continue from the newest checkpoint
   tir-rl train --nproc-per-node 2 --config configs/fsdp2_cpu.yaml   # FSDP2, 2 processes
 outputs (runs/NAME/): config.yaml, metrics.jsonl, tensorboard/, trajectories.jsonl,
-  plots/*.png, eval_step_N.json, checkpoints/step_N/ (HF model + optimizer + RNG + step)
+  plots/*.png, eval_step_N.json, checkpoints/step_N/ (HF model + optimizer + RNG + step);
+  with run.loggers naming wandb also wandb/ and wandb_run_id (the W&B run --resume continues)
 """
 
 _EPILOG_EVAL = """examples:

@@ -24,6 +24,8 @@ from tir_rl.errors import ConfigError
 from tir_rl.mismatch import MismatchCorrection
 from tir_rl.mismatch.guard import CollapseGuard
 from tir_rl.mismatch.injection import MismatchInjection
+from tir_rl.report.sinks import DEFAULT_LOGGERS, LoggerName, check_logger_names
+from tir_rl.report.wandb_sink import WandbSink, require_wandb
 from tir_rl.rollout import Rollout
 from tir_rl.sandbox import SandboxConfig
 from tir_rl.trainer import Trainer
@@ -75,9 +77,14 @@ class RunSection:
     """Largest sampler/trainer logprob gap allowed on the probe after each weight sync."""
     seed: int = 0
     """Seed of the task stream (train tasks of step s are a function of seed and s)."""
+    loggers: list[LoggerName] = field(default_factory=lambda: list(DEFAULT_LOGGERS))
+    """Where metrics go: `jsonl` (`metrics.jsonl`, always: plots and `--resume` read it),
+    `tensorboard` (`tensorboard/`), `wandb` (Weights & Biases, set up in the `wandb`
+    section; `pip install "tir-rl[wandb]"`)."""
 
     def validate(self) -> None:
-        """Check the batch shape and intervals."""
+        """Check the batch shape, intervals and loggers."""
+        check_logger_names(self.loggers)
         for name in ("steps", "tasks_per_step", "group_size", "eval_tasks"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"run.{name} must be >= 1, got {getattr(self, name)}")
@@ -125,10 +132,13 @@ class RunConfig:
     inject: MismatchInjection.Config = field(default_factory=MismatchInjection.Config)
     guard: CollapseGuard.Config = field(default_factory=CollapseGuard.Config)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    wandb: WandbSink.Config = field(default_factory=WandbSink.Config)
+    """Weights & Biases settings; used when `run.loggers` names `wandb`."""
 
     def validate(self) -> None:
         """Cross-section checks; also points engine and trainer at `model`."""
         self.run.validate()
+        self._check_wandb()
         if self.loss.kl_coef > 0:
             raise ConfigError(
                 f"loss.kl_coef={self.loss.kl_coef}: the KL penalty to a reference policy is not "
@@ -156,6 +166,24 @@ class RunConfig:
         if self.trainer.lr_schedule is LRSchedule.COSINE and self.trainer.schedule_steps == 0:
             self.trainer.schedule_steps = self.run.steps  # the documented meaning of 0
             self.trainer.validate()  # warm-up shorter than the run
+
+    def _check_wandb(self) -> None:
+        """W&B must be installed when named; its settings are refused when it is not named."""
+        if LoggerName.WANDB in self.run.loggers:
+            require_wandb()
+            return
+        default = WandbSink.Config()
+        changed = [
+            f"wandb.{f.name}"
+            for f in dataclasses.fields(self.wandb)
+            if getattr(self.wandb, f.name) != getattr(default, f.name)
+        ]
+        if changed:
+            raise ConfigError(
+                f"{', '.join(changed)} set but run.loggers={[str(n) for n in self.run.loggers]} "
+                "has no 'wandb': add it (e.g. --set 'run.loggers=[jsonl,tensorboard,wandb]') "
+                "or drop the wandb settings."
+            )
 
     def _follow_model(self) -> None:
         """Point engine and trainer at `model`; refuse a different checkpoint for either."""

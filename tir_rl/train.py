@@ -12,9 +12,10 @@
     │                   ▼
     └── weight sync (WeightSync): trainer state dict ─► engine.update_weights ─► parity probe
 
-Every step writes `metrics.jsonl` (+ TensorBoard), sample trajectories and plots to the run
-folder; held-out accuracy is measured before training, every `run.eval_every` steps and at
-the end. Ctrl-C saves a checkpoint and stops cleanly; `resume` continues from the newest one.
+Every step sends its metrics row to the sinks `run.loggers` names (`metrics.jsonl`, always;
+TensorBoard, W&B) and writes sample trajectories and plots to the run folder; held-out
+accuracy is measured before training, every `run.eval_every` steps and at the end. Ctrl-C
+saves a checkpoint and stops cleanly; `resume` continues from the newest one.
 
 Under `torchrun` (world size W > 1) rank 0 owns the runtime (engine, envs, sandbox), eval,
 metrics, plots, trajectories and the progress bar; every rank holds an FSDP2 shard of the
@@ -42,7 +43,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import torch
 
 from tir_rl import distributed as tdist
-from tir_rl.config import dump, load
+from tir_rl.config import dump, load, to_dict
 from tir_rl.errors import ConfigError, ParityError, TirError
 from tir_rl.mismatch.injection import MismatchInjection
 from tir_rl.report.step_metrics import StepOutcome, episode_row, step_row
@@ -227,7 +228,7 @@ class _TrainLoop:
         """Build the trainer, guard and metrics sinks; `runtime` is None off rank 0."""
         from tir_rl.engine.parity import probe_ids_from_text
         from tir_rl.mismatch.guard import CollapseGuard
-        from tir_rl.report.run_log import MetricsLogger
+        from tir_rl.report.metrics_logger import MetricsLogger
         from tir_rl.runtime import env_factory
         from tir_rl.trainer import Trainer
         from tir_rl.trainer.loss import GRPOLoss
@@ -275,15 +276,17 @@ class _TrainLoop:
             self._sync_weights(force=True)
         elif self.injection.transforms_weights:
             self._sync_weights(force=True)  # the engine loaded the untouched checkpoint
-        self.metrics = (
-            MetricsLogger(
+        self.metrics: MetricsLogger | None = None
+        if self.rank0:
+            self.metrics = MetricsLogger.open(
                 MetricsLogger.Config(
-                    run_dir=self.run_dir, resume_after_step=self.start_step if resume else None
+                    run_dir=self.run_dir,
+                    loggers=config.run.loggers,
+                    wandb=config.wandb,
+                    resume_after_step=self.start_step if resume else None,
                 )
             )
-            if self.rank0
-            else None
-        )
+            self.metrics.log_config(to_dict(config))
         self.summary = TrainSummary(
             self.run_dir, self.start_step, rank=tdist.rank(), world_size=self.world
         )
@@ -337,8 +340,8 @@ class _TrainLoop:
         finally:
             self._checkpoint(self.summary.steps_done)
             if self.metrics is not None:
+                self._plots(self.summary.steps_done)
                 self.metrics.close()
-                self._plots()
         return self.summary
 
     def _share(self, fn: Callable[[], tuple[Any, list[Any]]]) -> tuple[Any, Any]:
@@ -471,7 +474,7 @@ class _TrainLoop:
                 ],
             )
         if cfg.plot_every and steps_done % cfg.plot_every == 0:
-            self._plots()
+            self._plots(steps_done)
 
     def _rollouts(self, step: int) -> tuple[_StepPlan, list[_StepWork]]:
         """Rank 0: play the step's episodes, compute advantages, share the batch out."""
@@ -572,11 +575,12 @@ class _TrainLoop:
         )
         self.summary.checkpoints.append(path)
 
-    def _plots(self) -> None:
+    def _plots(self, step: int) -> None:
+        """Rank 0: redraw the PNG plots and send them to the sinks (W&B logs them)."""
         from tir_rl.report.plots import write_plots
 
         try:
-            write_plots(self.run_dir)
+            self.metrics.log_plots(step, write_plots(self.run_dir))
         except Exception as exc:  # noqa: BLE001 (plots must never end a run)
             logger.warning("could not write plots: %s", exc)
 

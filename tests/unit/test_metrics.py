@@ -7,20 +7,20 @@ import numpy as np
 import pytest
 import torch
 
+from tir_rl.report.metrics_logger import MetricsLogger
 from tir_rl.report.run_log import (
     METRICS_FILE,
-    TENSORBOARD_DIR,
-    MetricsLogger,
     load_trajectories,
     read_metrics,
     save_trajectories,
 )
+from tir_rl.report.sinks import TENSORBOARD_DIR, LoggerName, TensorBoardSink
 from tir_rl.types import Message, RolloutStatus, ToolCall, Trajectory
 
 
 def make_logger(tmp_path, **overrides):
-    config = MetricsLogger.Config(run_dir=tmp_path / "run", tensorboard=False, **overrides)
-    return MetricsLogger(config)
+    config = MetricsLogger.Config(run_dir=tmp_path / "run", loggers=[LoggerName.JSONL], **overrides)
+    return MetricsLogger.open(config)
 
 
 def strict_loads(line):
@@ -93,9 +93,9 @@ def test_tensorboard_events_are_written_when_available(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    config = MetricsLogger.Config(run_dir=tmp_path / "run", tensorboard=True)
-    with MetricsLogger(config) as logger:
-        assert logger.tensorboard_enabled
+    config = MetricsLogger.Config(run_dir=tmp_path / "run")
+    with MetricsLogger.open(config) as logger:
+        assert any(isinstance(sink, TensorBoardSink) for sink in logger.sinks)
         for step in range(3):
             logger.log(step, {"train/loss": 1.0 / (step + 1), "mismatch/kl": float("nan")})
     tb_dir = tmp_path / "run" / TENSORBOARD_DIR
@@ -110,15 +110,15 @@ def test_tensorboard_events_are_written_when_available(tmp_path):
 
 def test_missing_tensorboard_warns_once_and_keeps_jsonl(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import -> ImportError
-    config = MetricsLogger.Config(run_dir=tmp_path / "run", tensorboard=True)
+    config = MetricsLogger.Config(run_dir=tmp_path / "run")
     with pytest.warns(UserWarning, match="tensorboard is not installed"):
-        logger = MetricsLogger(config)
+        logger = MetricsLogger.open(config)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         logger.log(0, {"a/b": 1.0})
         logger.log(1, {"a/b": 2.0})
     logger.close()
-    assert not logger.tensorboard_enabled
+    assert not any(isinstance(sink, TensorBoardSink) for sink in logger.sinks)
     assert [r["a/b"] for r in read_metrics(tmp_path / "run")] == [1.0, 2.0]
     assert not (tmp_path / "run" / TENSORBOARD_DIR).exists()
 

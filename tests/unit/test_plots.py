@@ -8,8 +8,10 @@ import torch
 from PIL import Image
 
 from tir_rl.mismatch.metrics import mismatch_metrics
+from tir_rl.report.metrics_logger import MetricsLogger
 from tir_rl.report.plots import _DIST_KEY, _TURN_KEY, PLOTS_DIR, bucket_table, write_plots
-from tir_rl.report.run_log import MetricsLogger, read_metrics
+from tir_rl.report.run_log import read_metrics
+from tir_rl.report.sinks import LoggerName
 
 ALL_PLOTS = {
     "reward.png",
@@ -36,7 +38,8 @@ def real_mismatch_metrics():
 
 
 def write_synthetic_run(run_dir, *, steps=range(6), with_mismatch=True):
-    with MetricsLogger(MetricsLogger.Config(run_dir=run_dir, tensorboard=False)) as logger:
+    config = MetricsLogger.Config(run_dir=run_dir, loggers=[LoggerName.JSONL])
+    with MetricsLogger.open(config) as logger:
         for step in steps:
             metrics = {"rollout/reward_mean": step / 10, "train/grad_norm": 1.0 + step}
             if step % 3 == 0:

@@ -149,8 +149,10 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         try:
             return tp(value)
         except ValueError:
-            choices = ", ".join(repr(m.value) for m in tp)
-            raise ConfigError(f"{path}: {value!r} is not one of {choices}") from None
+            values = [str(m.value) for m in tp]
+            hint = did_you_mean(str(value), values)
+            choices = ", ".join(map(repr, values))
+            raise ConfigError(f"{path}: {value!r} is not one of {choices}.{hint}") from None
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value

@@ -1,6 +1,10 @@
 """Reporting: what a run leaves for people and tools to read.
 
-- `run_log`: the metrics sinks (`metrics.jsonl`, TensorBoard) and saved trajectories.
+- `metrics_logger`: `MetricsLogger`, which cleans each metrics row and fans it out to the
+  run's sinks (`run.loggers`).
+- `sinks`: the `MetricsSink` protocol and the JSONL and TensorBoard sinks.
+- `wandb_sink`: the optional W&B sink (imports `wandb` only when a run names it).
+- `run_log`: reading `metrics.jsonl` back; saved trajectories.
 - `step_metrics`: the metrics row of one RL step.
 - `eval_stats`: pass@k with bootstrap intervals, the `EvalReport`.
 - `plots`: PNG plots from `metrics.jsonl`.

@@ -1,10 +1,10 @@
-"""Run outputs that people and tools read: `metrics.jsonl`, TensorBoard scalars, trajectories.
+"""Run files that people and tools read back: `metrics.jsonl` and saved trajectories.
 
-Layout of a run folder written here::
+Layout of those files in a run folder::
 
     runs/NAME/
       metrics.jsonl          one JSON object per step: {"step": int, "time": float, "a/b": float}
-      tensorboard/           TensorBoard event files (only when the `tensorboard` package exists)
+                             (written by the JSONL sink, `report/sinks.py`)
       trajectories.jsonl     sample episodes, one `Trajectory.to_dict()` per line (the caller
                              picks the file; `save_trajectories` only appends)
 
@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import numbers
-import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,147 +25,6 @@ from typing import Any
 from tir_rl.types import EpisodeTimings, Message, Role, RolloutStatus, ToolCall, Trajectory
 
 METRICS_FILE = "metrics.jsonl"
-TENSORBOARD_DIR = "tensorboard"
-RESERVED_KEYS = ("step", "time")
-
-
-class MetricsLogger:
-    """Writes one JSONL row (and TensorBoard scalars) per training step.
-
-    Example:
-        >>> logger = MetricsLogger(MetricsLogger.Config(run_dir=Path("runs/demo")))
-        >>> logger.log(0, {"train/loss": 0.5, "mismatch/kl": 1e-4})
-        >>> logger.close()
-    """
-
-    @dataclass(kw_only=True)
-    class Config:
-        """Where and how metrics are written."""
-
-        run_dir: Path
-        """Run folder; created if missing. Metrics go to `run_dir/metrics.jsonl`."""
-        tensorboard: bool = True
-        """Also write TensorBoard scalars to `run_dir/tensorboard/` (skipped with one warning
-        when the `tensorboard` package is not installed)."""
-        flush_every_step: bool = True
-        """Flush the JSONL file (and TensorBoard) after every `log` call, so a crash or a
-        live `write_plots` never sees a half-written step."""
-        resume_after_step: int | None = None
-        """When resuming from a checkpoint taken at this step: drop rows with a larger step
-        from `metrics.jsonl` (and purge them from TensorBoard) before appending."""
-
-    def __init__(self, config: MetricsLogger.Config) -> None:
-        self.config = config
-        self.run_dir = Path(config.run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.run_dir / METRICS_FILE
-        if config.resume_after_step is not None and self.path.exists():
-            _truncate_after(self.path, config.resume_after_step)
-        self._file = self.path.open("a", encoding="utf-8")
-        self._warned_keys: set[str] = set()
-        self._writer: Any = None
-        if config.tensorboard:
-            self._writer = _open_summary_writer(
-                self.run_dir / TENSORBOARD_DIR, purge_step=_purge_step(config.resume_after_step)
-            )
-
-    @property
-    def tensorboard_enabled(self) -> bool:
-        """Whether TensorBoard events are being written."""
-        return self._writer is not None
-
-    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """Append one row: `{"step": step, "time": now, **metrics}`.
-
-        Args:
-            step: Training step (the x axis of every plot).
-            metrics: Slash-namespaced names to numbers (Python numbers, numpy or 0-d torch
-                scalars). Non-finite values become null; non-numeric values are dropped with
-                one warning per key.
-        """
-        if self._file.closed:
-            raise ValueError("MetricsLogger.log called after close()")
-        row: dict[str, Any] = {"step": int(step), "time": time.time()}
-        scalars: dict[str, float] = {}
-        for key, value in metrics.items():
-            number = self._to_float(key, value)
-            if number is None:
-                continue
-            scalars[key] = number
-            row[key] = number if math.isfinite(number) else None
-        self._file.write(json.dumps(row, allow_nan=False) + "\n")
-        if self._writer is not None:
-            for key, number in scalars.items():
-                self._writer.add_scalar(key, number, global_step=int(step))
-        if self.config.flush_every_step:
-            self.flush()
-
-    def flush(self) -> None:
-        """Flush buffered rows to disk."""
-        self._file.flush()
-        if self._writer is not None:
-            self._writer.flush()
-
-    def close(self) -> None:
-        """Flush and close the sinks (idempotent)."""
-        if not self._file.closed:
-            self._file.close()
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-
-    def __enter__(self) -> MetricsLogger:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _to_float(self, key: str, value: Any) -> float | None:
-        if key in RESERVED_KEYS:
-            self._warn_once(key, f"metric key {key!r} is reserved for the row itself; dropped")
-            return None
-        if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
-            try:
-                value = value.item()
-            except (ValueError, RuntimeError):
-                pass
-        if isinstance(value, numbers.Real):
-            return float(value)
-        self._warn_once(key, f"metric {key!r} has non-numeric value {value!r}; dropped")
-        return None
-
-    def _warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned_keys:
-            self._warned_keys.add(key)
-            warnings.warn(message, stacklevel=3)
-
-
-def _purge_step(resume_after_step: int | None) -> int | None:
-    return None if resume_after_step is None else resume_after_step + 1
-
-
-def _open_summary_writer(log_dir: Path, *, purge_step: int | None) -> Any:
-    """A TensorBoard `SummaryWriter`, or None (with one warning) when tensorboard is missing."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        warnings.warn(
-            "tensorboard is not installed: writing metrics.jsonl only "
-            "(pip install tensorboard to get TensorBoard events)",
-            stacklevel=3,
-        )
-        return None
-    return SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
-
-
-def _truncate_after(path: Path, step: int) -> None:
-    """Rewrite `path` keeping rows with `step <= step` (atomically)."""
-    kept = [row for row in read_metrics(path) if row["step"] <= step]
-    tmp = path.with_suffix(".jsonl.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for row in kept:
-            f.write(json.dumps(finite_or_none(row), allow_nan=False) + "\n")
-    tmp.replace(path)
 
 
 def read_metrics(path: Path | str) -> list[dict[str, Any]]:

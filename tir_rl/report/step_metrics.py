@@ -1,4 +1,4 @@
-"""The metrics row of one RL step, as `metrics.jsonl` and TensorBoard record it.
+"""The metrics row of one RL step, as the sinks of `run.loggers` record it.
 
 The train loop hands over what the step produced (rollout statistics, the trainer's result,
 timings, the parity probe); this module names and derives the columns, so the loop stays a

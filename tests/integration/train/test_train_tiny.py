@@ -1,6 +1,7 @@
 """End to end on the tiny model: train, checkpoint, resume, eval, doctor (real vLLM, CPU)."""
 
 import json
+from pathlib import Path
 
 import gymnasium
 import pytest
@@ -156,3 +157,33 @@ def test_steps_without_learning_signal_make_no_update_but_log_mismatch(tmp_path)
     assert rows[0]["train/degenerate_groups"] == 2.0
     assert "mismatch/k3_kl" in rows[0]
     assert "sync/parity_max_abs_diff" not in rows[0]  # no update, so no weight sync
+
+
+def test_wandb_offline_gets_the_config_rows_and_plots_and_resume_keeps_its_run(
+    tmp_path, monkeypatch
+):
+    pytest.importorskip("wandb", reason='wandb is not installed (pip install "tir-rl[wandb]")')
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[2] / "unit"))
+    from wandb_records import history, logged_config, read_records, run_files
+
+    for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / name.lower()))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    wandb_settings = ("run.loggers=[jsonl,wandb]", "wandb.mode=offline", "wandb.tags=[tiny]")
+    config = tiny_config(
+        tmp_path, "run.steps=1", "run.eval_tasks=1", *wandb_settings, env_id="tir_rl/MultiHop-v0"
+    )
+    run_dir = run_train(config).run_dir
+    run_id = (run_dir / "wandb_run_id").read_text().strip()
+    run_train(load_resume_config(run_dir, ["run.steps=2"]), resume=True)
+    assert (run_dir / "wandb_run_id").read_text().strip() == run_id
+    first, resumed = run_files(run_dir)
+    assert first.name == resumed.name == f"run-{run_id}.wandb"
+    records = read_records(first)
+    assert logged_config(records)["run"]["name"] == "tiny"
+    assert logged_config(records)["wandb"]["tags"] == ["tiny"]
+    rows = history(records)
+    assert [r["step"] for r in rows if "train/skipped" in r] == ["1"]
+    assert any("plots/reward._type" in r for r in rows)
+    assert [r["step"] for r in history(read_records(resumed)) if "train/skipped" in r] == ["2"]
+    assert not (run_dir / "tensorboard").exists()
