@@ -218,7 +218,7 @@ def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
         findings += static_findings(config, tie_word_embeddings=tied)
         trainer = Trainer(config.trainer)
         if injection.transforms_weights:  # the sampler gets what training would send it
-            state = {k: v.detach() for k, v in trainer.model.state_dict().items()}
+            state = trainer.rank0_full_state_dict()  # merged weights under LoRA
             sent = injection.sampler_state(state, 0, force=True)
             asyncio.run(runtime.engine.update_weights(sent))
         factory = env_factory(config.env, config.env.eval_split)
