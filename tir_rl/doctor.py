@@ -258,10 +258,13 @@ def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
             "" if verdict is Verdict.PASS else "raise run.parity_tolerance for a low-precision "
             "sampler, or align dtypes; training stops when the probe fails after a sync",
         ))  # fmt: skip
+        # The engine holds HF-named weights; under LoRA check against the merged plain model
+        # (the trainer is not used after this).
+        model = trainer.model.merge_and_unload() if trainer.lora_enabled else trainer.model
         findings += asyncio.run(
             engine_findings(
                 runtime.engine,
-                trainer.model,
+                model,
                 probe_ids=probe_ids_from_text(runtime.tokenizer),
                 prompt_ids=probe_ids_from_text(runtime.tokenizer, DEFAULT_SAMPLED_PROBE_PROMPT),
                 temperature=config.rollout.temperature,

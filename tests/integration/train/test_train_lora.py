@@ -71,3 +71,12 @@ def test_eval_serves_the_merged_checkpoint(trained, tmp_path):
     config = tiny_config(tmp_path, f"model={model}", env_id="tir_rl/MultiHop-v0")
     outcome = run_eval(config, num_tasks=2, k=1, samples_per_task=1)
     assert outcome.report.num_tasks == 2
+
+
+def test_doctor_passes_with_lora(tmp_path):
+    from tir_rl.doctor import Verdict, run_doctor
+
+    config = tiny_config(tmp_path, *LORA, env_id="tir_rl/MultiHop-v0")
+    findings = {f.check: f for f in run_doctor(config, num_episodes=2)}
+    for check in ("sampler vs trainer logprobs", "parity probe (prompt logprobs)", "weight sync"):
+        assert findings[check].verdict is Verdict.PASS, findings[check].detail
