@@ -165,3 +165,13 @@ def test_missing_peft_is_a_config_error_naming_the_extra(make_trainer, monkeypat
     monkeypatch.setitem(sys.modules, "peft", None)  # import peft now raises ImportError
     with pytest.raises(ConfigError, match=r'pip install "tir-rl\[lora\]"'):
         lora_trainer(make_trainer)
+
+
+def test_lora_on_several_ranks_is_refused_before_the_model_loads(make_trainer, monkeypatch):
+    from tir_rl import distributed as tdist
+    from tir_rl.trainer import trainer as trainer_module
+
+    monkeypatch.setattr(tdist, "world_size", lambda: 2)
+    monkeypatch.setattr(trainer_module, "resolve_model", lambda name: pytest.fail("loaded"))
+    with pytest.raises(ConfigError, match="one rank only"):
+        lora_trainer(make_trainer)
