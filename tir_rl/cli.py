@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from tir_rl.errors import TirError
+from tir_rl.errors import ConfigError, TirError
 
 logger = logging.getLogger("tir_rl")
 
@@ -46,18 +46,23 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from tir_rl.run_config import RunConfig
     from tir_rl.train import load_resume_config, run_train
 
-    if args.nproc_per_node > 1:
-        from tir_rl.train import exec_under_torchrun
-
-        exec_under_torchrun(
-            args.nproc_per_node, args.config, args.set, resume=args.resume, verbose=args.verbose
-        )
     if args.resume:
         config = load_resume_config(args.resume, args.set)
     elif args.config:
         config = load(RunConfig, args.config, args.set)
     else:
         raise TirError("give --config FILE (e.g. configs/quickstart.yaml) or --resume RUN_DIR")
+    if args.nproc_per_node > 1:
+        from tir_rl.train import exec_under_torchrun
+
+        if config.trainer.lora.enabled:  # refused now, not after torchrun has started
+            raise ConfigError(
+                "trainer.lora.enabled runs on one rank only: drop --nproc-per-node, or "
+                "train without LoRA."
+            )
+        exec_under_torchrun(
+            args.nproc_per_node, args.config, args.set, resume=args.resume, verbose=args.verbose
+        )
     summary = run_train(config, resume=bool(args.resume))
     if summary.rank != 0:
         return summary.exit_status

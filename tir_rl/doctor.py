@@ -218,7 +218,7 @@ def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
         findings += static_findings(config, tie_word_embeddings=tied)
         trainer = Trainer(config.trainer)
         if injection.transforms_weights:  # the sampler gets what training would send it
-            state = {k: v.detach() for k, v in trainer.model.state_dict().items()}
+            state = trainer.rank0_full_state_dict()  # merged weights under LoRA
             sent = injection.sampler_state(state, 0, force=True)
             asyncio.run(runtime.engine.update_weights(sent))
         factory = env_factory(config.env, config.env.eval_split)
@@ -258,10 +258,13 @@ def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
             "" if verdict is Verdict.PASS else "raise run.parity_tolerance for a low-precision "
             "sampler, or align dtypes; training stops when the probe fails after a sync",
         ))  # fmt: skip
+        # The engine holds HF-named weights; under LoRA check against the merged plain model
+        # (the trainer is not used after this).
+        model = trainer.model.merge_and_unload() if trainer.lora_enabled else trainer.model
         findings += asyncio.run(
             engine_findings(
                 runtime.engine,
-                trainer.model,
+                model,
                 probe_ids=probe_ids_from_text(runtime.tokenizer),
                 prompt_ids=probe_ids_from_text(runtime.tokenizer, DEFAULT_SAMPLED_PROBE_PROMPT),
                 temperature=config.rollout.temperature,

@@ -59,6 +59,18 @@ def test_train_without_config_or_resume_says_what_to_give(capsys):
     assert "--config FILE" in capsys.readouterr().err
 
 
+def test_lora_on_several_ranks_is_refused_before_torchrun_starts(monkeypatch, capsys):
+    from tir_rl import train
+
+    def no_torchrun(*args, **kwargs):
+        raise AssertionError("torchrun must not start")
+
+    monkeypatch.setattr(train, "exec_under_torchrun", no_torchrun)
+    argv = ["train", "--nproc-per-node", "2", "--config", "configs/quickstart.yaml"]
+    assert main([*argv, "--set", "trainer.lora.enabled=true"]) == 2
+    assert "trainer.lora.enabled runs on one rank only" in capsys.readouterr().err
+
+
 def test_sigterm_unwinds_so_finally_blocks_run(monkeypatch) -> None:
     import os
     import signal

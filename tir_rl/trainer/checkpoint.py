@@ -4,6 +4,9 @@ Layout of a checkpoint folder::
 
     step_000010/
       model/             save_pretrained output + tokenizer: loadable by transformers and vLLM
+                         (with LoRA: the merged weights W + scale·B A, base model names)
+      adapter/           with LoRA only: peft's save_pretrained of the adapter
+                         (`PeftModel.from_pretrained(base, adapter/)`); what resume loads
       optimizer.pt       unsharded (parameter-name keyed) optimizer state, from rank 0
       rng_rank{r}.pt     python, numpy and torch RNG states of rank r
       trainer_state.json step, data position, skip counters, trainer config, guard history
@@ -30,12 +33,14 @@ from tir_rl import distributed as tdist
 from tir_rl.config import dump, to_dict
 from tir_rl.engine.weights_io import read_checkpoint_weights
 from tir_rl.errors import ConfigError
+from tir_rl.trainer import lora
 
 if TYPE_CHECKING:
     from tir_rl.mismatch.guard import CollapseGuard
     from tir_rl.trainer.trainer import Trainer
 
 MODEL_DIR = "model"
+ADAPTER_DIR = "adapter"
 _STATE_FILE = "trainer_state.json"
 CHECKPOINTS = "checkpoints"
 """A run folder's subfolder holding one `step_N` checkpoint per save."""
@@ -94,6 +99,8 @@ def save(
     torch.save(_rng_state(), tmp / f"rng_rank{tdist.rank()}.pt")
     if tdist.is_rank0():
         _save_model(trainer, state, tmp / MODEL_DIR)
+        if trainer.lora_enabled:
+            lora.save_adapter(trainer.model, tmp / ADAPTER_DIR)
         torch.save(optim_state, tmp / "optimizer.pt")
         record = {
             "step": trainer.step,
@@ -129,10 +136,20 @@ def load(path: str | Path, trainer: Trainer, *, guard: CollapseGuard | None = No
         raise ConfigError(f"{path} is not a tir-rl checkpoint (no {_STATE_FILE}).")
     record = json.loads((path / _STATE_FILE).read_text())
 
-    model_state = {}
-    if tdist.is_rank0():
-        model_state = read_checkpoint_weights(path / MODEL_DIR)  # tied copies restored
-    tdist.load_full_model_state_dict(trainer.model, model_state)
+    has_adapter = (path / ADAPTER_DIR).is_dir()
+    if has_adapter != trainer.lora_enabled:
+        raise ConfigError(
+            f"{path} is a {'LoRA' if has_adapter else 'full fine-tuning'} checkpoint but the "
+            f"trainer {'trains LoRA adapters' if trainer.lora_enabled else 'has no LoRA'}; "
+            "resume with the run's own trainer.lora settings."
+        )
+    if trainer.lora_enabled:  # the base weights are the trainer's own: load the adapter
+        lora.load_adapter(trainer.model, path / ADAPTER_DIR)
+    else:
+        model_state = {}
+        if tdist.is_rank0():
+            model_state = read_checkpoint_weights(path / MODEL_DIR)  # tied copies restored
+        tdist.load_full_model_state_dict(trainer.model, model_state)
     optim_state = (
         torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
         if tdist.is_rank0()
@@ -204,7 +221,7 @@ def _temp_name(path: Path) -> Path:
 def _save_model(trainer: Trainer, state: dict[str, torch.Tensor], folder: Path) -> None:
     from transformers import AutoTokenizer
 
-    model = trainer.model
+    model = trainer.hf_model()
     if getattr(model.config, "tie_word_embeddings", False):
         # Unsharded FSDP2 state holds the tied copies as separate tensors; keep one, as
         # save_pretrained does for a plain module.

@@ -65,7 +65,9 @@ from tir_rl.mismatch import (
 )
 from tir_rl.mismatch.guard import CollapseGuard, GuardAction, GuardDecision
 from tir_rl.models import resolve_model
+from tir_rl.trainer import lora as lora_ops
 from tir_rl.trainer.batch import MicroBatch, Packing, TrainBatch, plan_micro_batches
+from tir_rl.trainer.lora import LoRAConfig
 from tir_rl.trainer.loss import GRPOLoss
 from tir_rl.trainer.lr_schedule import LRSchedule, check_schedule, lr_factor
 from tir_rl.trainer.optimizer import build_adamw, clip_gradients, seed_everything
@@ -214,6 +216,9 @@ class Trainer:
         """Names of the parameters to train, as fnmatch patterns (`model.norm.weight`,
         `model.layers.2.*`); empty trains every parameter. The others stay frozen (no
         gradient, no optimizer state). A pattern that matches no parameter is refused."""
+        lora: LoRAConfig = field(default_factory=LoRAConfig)
+        """LoRA adapters (`peft`, the `tir-rl[lora]` extra): only the adapters train, and the
+        engine gets the merged weights. Off unless `trainer.lora.enabled`."""
         seed: int = 0
         """Seeds python, numpy and torch at construction."""
         device: str = "auto"
@@ -227,6 +232,13 @@ class Trainer:
                 raise ConfigError("trainer.micro_batch_tokens must be positive.")
             if self.lr < 0:
                 raise ConfigError(f"trainer.lr must be >= 0, got {self.lr}.")
+            self.lora.validate()
+            if self.lora.enabled and self.train_only:
+                raise ConfigError(
+                    "trainer.lora.enabled and trainer.train_only both choose what trains: LoRA "
+                    "freezes every base weight and trains its adapters, train_only trains base "
+                    "weights in full (which the adapter checkpoint would not hold). Set one."
+                )
             check_schedule(
                 self.lr_schedule,
                 warmup_steps=self.warmup_steps,
@@ -262,6 +274,16 @@ class Trainer:
             )
         if self.device.type == "cuda":
             torch.set_float32_matmul_precision("high" if self.config.tf32 else "highest")
+        self.lora_enabled = self.config.lora.enabled
+        if self.lora_enabled:
+            lora_ops.import_peft()  # refuse a missing extra before loading anything
+            if tdist.world_size() > 1:
+                raise ConfigError(
+                    f"trainer.lora.enabled runs on one rank only (world size is "
+                    f"{tdist.world_size()}): the merged weights for the engine are computed "
+                    "from unsharded adapters, which FSDP2 does not hold. Train on one rank, "
+                    "or without LoRA."
+                )
         self.model_path = resolve_model(self.config.model)
         self.compute_dtype = _DTYPES[self.config.dtype]
         model = AutoModelForCausalLM.from_pretrained(
@@ -273,6 +295,10 @@ class Trainer:
         _freeze_all_but(model, self.config.train_only)
         if self.config.grad_checkpointing:
             model.gradient_checkpointing_enable()
+        if self.lora_enabled:
+            if self.config.grad_checkpointing:
+                model.enable_input_require_grads()  # frozen embeddings: keep the graph alive
+            model = lora_ops.wrap(model, self.config.lora)
         model.to(self.device)
         tdist.check_backend(self.device)
         self.sharded = tdist.world_size() > 1
@@ -609,9 +635,20 @@ class Trainer:
     def rank0_full_state_dict(self) -> dict[str, torch.Tensor]:
         """Unsharded HF-named state dict (CPU) on rank 0, for the engine; `{}` elsewhere.
 
-        Every rank must call it (it gathers shards).
+        Every rank must call it (it gathers shards). With LoRA it holds the merged weights
+        W + scale·B A under the base model's names (`tir_rl.trainer.lora.merged_state_dict`):
+        what the engine runs equals the trainer's effective weights.
         """
+        if self.lora_enabled:
+            return lora_ops.merged_state_dict(self.model)
         return tdist.full_model_state_dict(self.model)
+
+    def hf_model(self) -> nn.Module:
+        """The transformers model inside (under a `PeftModel` with LoRA).
+
+        Its config and `save_pretrained` describe the base architecture.
+        """
+        return self.model.get_base_model() if self.lora_enabled else self.model
 
 
 @contextlib.contextmanager
