@@ -12,7 +12,6 @@ without it).
 from __future__ import annotations
 
 import json
-import math
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -112,8 +111,7 @@ class JsonlSink:
 
     def log(self, row: MetricsRow) -> None:
         """Append the row as one JSON line."""
-        record: dict[str, Any] = {"step": row.step, "time": row.time}
-        record.update({k: v if math.isfinite(v) else None for k, v in row.values.items()})
+        record = finite_or_none({"step": row.step, "time": row.time, **row.values})
         self._file.write(json.dumps(record, allow_nan=False) + "\n")
 
     def log_config(self, config: Mapping[str, Any]) -> None:
