@@ -15,37 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import resource
 import subprocess
 import sys
 import time
 
 import torch
+from trainer_packing import make_batch
 
 from tir_rl.trainer import Trainer
-from tir_rl.trainer.batch import TrainBatch
 from tir_rl.trainer.lora import LoRAConfig
-from tir_rl.types import Trajectory
-
-
-def make_batch(num_seqs: int, min_len: int, max_len: int, seed: int) -> TrainBatch:
-    rng = random.Random(seed)
-    trajectories = []
-    for _ in range(num_seqs):
-        total = rng.randint(min_len, max_len)
-        prompt = max(1, total // 10)
-        n = total - prompt
-        trajectories.append(
-            Trajectory(
-                prompt_ids=[rng.randrange(1, 40000) for _ in range(prompt)],
-                completion_ids=[rng.randrange(1, 40000) for _ in range(n)],
-                loss_mask=[1] * n,
-                sampler_logprobs=[-5.0] * n,
-                turn_ids=[0] * n,
-            )
-        )
-    return TrainBatch.from_trajectories(trajectories)
 
 
 def rss_mib() -> float:
@@ -55,7 +34,11 @@ def rss_mib() -> float:
 
 def measure(args: argparse.Namespace, variant: str) -> dict[str, float]:
     """Build one trainer in this process and time its steps."""
-    lora = LoRAConfig(enabled=variant == "lora", r=args.r, alpha=2.0 * args.r)
+    lora = (
+        LoRAConfig(enabled=True, r=args.r, alpha=2.0 * args.r)
+        if variant == "lora"
+        else LoRAConfig()
+    )
     config = Trainer.Config(
         model=args.model, lr=1e-5, device=args.device, dtype=args.dtype, lora=lora,
         micro_batch_tokens=args.micro_batch_tokens,
@@ -63,7 +46,8 @@ def measure(args: argparse.Namespace, variant: str) -> dict[str, float]:
     trainer = Trainer(config)
     built_mib = rss_mib()
     num_trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
-    batch = make_batch(args.num_seqs, args.min_len, args.max_len, seed=0)
+    # every completion token a model token (no tool gap)
+    batch = make_batch(args.num_seqs, args.min_len, args.max_len, seed=0, tool_gap=0)
     advantages = torch.linspace(-1.0, 1.0, batch.num_sequences)
     for _ in range(args.warmup):
         trainer.train_step(batch, advantages)

@@ -28,14 +28,17 @@ from tir_rl.trainer.batch import Packing, TrainBatch, plan_micro_batches
 from tir_rl.types import Trajectory
 
 
-def make_batch(num_seqs: int, min_len: int, max_len: int, seed: int) -> TrainBatch:
+def make_batch(
+    num_seqs: int, min_len: int, max_len: int, seed: int, *, tool_gap: int = 8
+) -> TrainBatch:
+    """Random sequences: prompt 10%, then a model turn, `tool_gap` tool tokens, a second turn."""
     rng = random.Random(seed)
     trajectories = []
     for _ in range(num_seqs):
         total = rng.randint(min_len, max_len)
         prompt = max(1, total // 10)
         n = total - prompt
-        mask = [1] * (n // 2) + [0] * 8 + [1] * (n - n // 2 - 8)
+        mask = [1] * (n // 2) + [0] * tool_gap + [1] * (n - n // 2 - tool_gap)
         trajectories.append(
             Trajectory(
                 prompt_ids=[rng.randrange(1, 40000) for _ in range(prompt)],
