@@ -5,7 +5,7 @@ same engine settings) through `tir-rl train`; the table is the second step (the 
 for warm-up) and the held-out evaluation before training, per task.
 
     python bench/rl_step_split.py                 # ~8 minutes on the 2-core CPU machine
-    python bench/rl_step_split.py --horizon 4 --tasks 8 --group 8
+    python bench/rl_step_split.py --horizon 4 --tasks 8 --group 8 --lab-only   # issue 11's step
 
 Measured on the shared 2-core CPU machine (defaults, one run, 6 minutes):
 
@@ -16,6 +16,9 @@ Measured on the shared 2-core CPU machine (defaults, one run, 6 minutes):
     step total                          6.9       85.3        12.30
     eval, per held-out task            0.97       2.95         3.03
     sampled tokens in the step: lab 1430, bundled 1847
+
+Issue 11's step (`--horizon 4 --tasks 8 --group 8 --lab-only`, one run, quiet machine):
+rollout 15.4 s, trainer 5.6 s, weight sync 0.2 s, step total 21.2 s, 14,721 sampled tokens.
 
 (Before the trainer's token_stats / lm_head changes the lab trainer took 5.8 s of a 13.6 s
 step in the same set-up.)
@@ -98,11 +101,23 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--eval-tasks", type=int, default=8)
+    parser.add_argument(
+        "--lab-only", action="store_true",
+        help="measure the lab model alone (the bundled model's step takes minutes at 8 x 8)",
+    )  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         lab = measure(
             "lab", ["trainer.train_only=[model.norm.weight]", "trainer.lr=2e-2"], args, Path(tmp)
         )
+        if args.lab_only:
+            print(f"\nMultiHop horizon {args.horizon}, {args.tasks} tasks x {args.group} samples, "
+                  "step 2, lab model")  # fmt: skip
+            for name, _ in PHASES:
+                print(f"{name:<30} {lab.seconds[name]:>8.1f} s")
+            print(f"{'step total':<30} {sum(lab.seconds.values()):>8.1f} s")
+            print(f"sampled tokens in the step: {lab.sampled_tokens:.0f}")
+            return
         bundled = measure("bundled", ["trainer.lr=1e-6"], args, Path(tmp))
     print(f"\nMultiHop horizon {args.horizon}, {args.tasks} tasks x {args.group} samples, step 2")
     print(f"{'phase':<30} {'lab s':>8} {'bundled s':>10} {'bundled/lab':>12}")
