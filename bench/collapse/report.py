@@ -5,9 +5,10 @@
 Runs are the sub-folders `<setting>_s<seed>` holding a `metrics.jsonl`. Each run is judged
 with `verdict.judge_run` from this folder (collapse = gradient-norm spike and/or lasting
 reward drop; see `verdict.py`). Prints two markdown tables (also written to `report.md` in
-the runs folder): one row per setting, seeds pooled, and one row per run with its reward at
-every step and its entropy first → last. Writes PNG plots, one line per setting (mean over
-seeds).
+the runs folder): one row per setting, seeds pooled; one row per run with its reward at
+every step (block means for long runs) and its entropy first → last; and, when runs evaluated
+during training, one row per run with its held-out pass@1 at every evaluation. Writes PNG
+plots, one line per setting (mean over seeds, a band from the lowest to the highest seed).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ _RUN = re.compile(r"^(?P<setting>.+)_s(?P<seed>\d+)$")
 _TURN = re.compile(r"^mismatch/turn_(\d+)/k3_kl$")
 ORDER = ("no_mismatch", "uncorrected", *CORRECTIONS)
 LOG_FLOOR = 1e-7
+HELDOUT = "eval/pass_at_1"
+CLEAN_HELDOUT = "eval_clean/pass_at_1"
 
 
 @dataclass
@@ -105,20 +108,62 @@ def table(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
+REWARD_BLOCK = 25
+"""Runs longer than this many steps show their rollout reward as block means of this size."""
+
+
 def trajectories(runs: list[Run]) -> str:
-    """One markdown row per run: its training reward at every step, its entropy first → last.
+    """One markdown row per run: its training reward per step, its entropy first → last.
 
     The numbers the write-up quotes per run, so that none of them needs a script of its own.
+    Runs of more than `REWARD_BLOCK` steps show the mean reward of each block of that many
+    steps instead of every step.
     """
-    lines = ["| run | rollout reward per step | entropy first → last |", "|---|---|---|"]
+    longest = max((len(values_by_step(r.rows, "rollout/reward_mean")) for r in runs), default=0)
+    blocked = longest > REWARD_BLOCK
+    what = f"mean per {REWARD_BLOCK} steps" if blocked else "per step"
+    lines = [f"| run | rollout reward ({what}) | entropy first → last |", "|---|---|---|"]
     for run in sorted(runs, key=lambda r: (_ordered([r.setting])[0], r.seed)):
         rewards = values_by_step(run.rows, "rollout/reward_mean")
         entropy = values_by_step(run.rows, "train/entropy")
-        reward_text = ", ".join(f"{rewards[s]:.2f}" for s in sorted(rewards)) or "–"
+        if blocked:
+            blocks: dict[int, list[float]] = defaultdict(list)
+            for step, value in rewards.items():
+                blocks[(step - 1) // REWARD_BLOCK].append(value)
+            reward_text = ", ".join(f"{_mean(blocks[b]):.2f}" for b in sorted(blocks)) or "–"
+        else:
+            reward_text = ", ".join(f"{rewards[s]:.2f}" for s in sorted(rewards)) or "–"
         entropy_text = (
             f"{entropy[min(entropy)]:.2f} → {entropy[max(entropy)]:.2f}" if entropy else "–"
         )
         lines.append(f"| {run.setting}_s{run.seed} | {reward_text} | {entropy_text} |")
+    return "\n".join(lines)
+
+
+def heldout_curves(runs: list[Run]) -> str:
+    """One markdown row per run: held-out pass@1 at every evaluation, own sampler / clean.
+
+    Empty when no run evaluated between its first and last step.
+    """
+    curves = {(r.setting, r.seed): values_by_step(r.rows, "eval/pass_at_1") for r in runs}
+    steps = sorted({s for c in curves.values() for s in c})
+    if len(steps) <= 2:
+        return ""
+    header = "| run | " + " | ".join(f"step {s}" for s in steps) + " |"
+    lines = [
+        "held-out pass@1, the run's own sampler / the clean fp32 sampler (– where not run):",
+        "",
+        header,
+        "|---" * (len(steps) + 1) + "|",
+    ]
+    for run in sorted(runs, key=lambda r: (_ordered([r.setting])[0], r.seed)):
+        own = curves[(run.setting, run.seed)]
+        clean = values_by_step(run.rows, "eval_clean/pass_at_1")
+        cells = [
+            f"{_fmt(own.get(s))} / {_fmt(clean.get(s))}" if s in clean else _fmt(own.get(s))
+            for s in steps
+        ]
+        lines.append(f"| {run.setting}_s{run.seed} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -140,7 +185,7 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
         by_setting[run.setting].append(run)
     panels = (
         ("rollout/reward_mean", "training reward (trailing mean of 3)", False, 3),
-        ("eval/pass_at_1", "held-out pass@1", False, 1),
+        (HELDOUT, "held-out pass@1 (dotted, x: clean sampler)", False, 1),
         ("train/grad_norm", "gradient norm (pre-clip)", True, 1),
         ("mismatch/k3_kl", "mismatch k3 KL", True, 1),
         ("train/entropy", "trainer entropy (nats/token)", False, 1),
@@ -149,12 +194,21 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     for ax, (key, title, log, smooth) in zip(axes.flat, panels, strict=True):
         for setting in _ordered(by_setting):
-            steps, values = _mean_curve(by_setting[setting], key, smooth)
+            group = by_setting[setting]
+            steps, values, low, high = _mean_curve(group, key, smooth)
             if log:  # k3 of an exact sampler is ±1e-10 noise: draw it at the floor
-                values = [max(v, LOG_FLOOR) for v in values]
-            if steps:
-                style = "--" if setting in ("no_mismatch", "uncorrected") else "-"
-                ax.plot(steps, values, style, label=setting, marker="." if len(steps) < 4 else "")
+                values, low, high = ([max(v, LOG_FLOOR) for v in vs] for vs in (values, low, high))
+            if not steps:
+                continue
+            style = "--" if setting in ("no_mismatch", "uncorrected") else "-"
+            few = len(steps) < 4 or key == HELDOUT
+            (line,) = ax.plot(steps, values, style, label=setting, marker="." if few else "")
+            if len({r.seed for r in group}) > 1:  # the band: lowest to highest seed
+                ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.15)
+            if key == HELDOUT:
+                clean_steps, clean, _, _ = _mean_curve(group, CLEAN_HELDOUT, 1)
+                if clean_steps:
+                    ax.plot(clean_steps, clean, ":", color=line.get_color(), marker="x")
         ax.set_title(title)
         ax.set_xlabel("step")
         if log:
@@ -185,7 +239,10 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
     return written
 
 
-def _mean_curve(runs: list[Run], key: str, smooth: int) -> tuple[list[int], list[float]]:
+def _mean_curve(
+    runs: list[Run], key: str, smooth: int
+) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Steps, the mean over seeds of the trailing-`smooth` mean, and the seeds' min and max."""
     per_step: dict[int, list[float]] = defaultdict(list)
     for run in runs:
         values = values_by_step(run.rows, key)
@@ -194,7 +251,12 @@ def _mean_curve(runs: list[Run], key: str, smooth: int) -> tuple[list[int], list
             window = [values[s] for s in steps[max(0, i - smooth + 1) : i + 1]]
             per_step[step].append(statistics.fmean(window))
     steps = sorted(per_step)
-    return steps, [statistics.fmean(per_step[s]) for s in steps]
+    return (
+        steps,
+        [statistics.fmean(per_step[s]) for s in steps],
+        [min(per_step[s]) for s in steps],
+        [max(per_step[s]) for s in steps],
+    )
 
 
 def _by_turn(runs: list[Run]) -> dict[int, float]:
@@ -216,7 +278,7 @@ def main() -> None:
     runs = load_runs(args.root)
     if not runs:
         raise SystemExit(f"no runs with metrics.jsonl under {args.root}")
-    text = table(runs) + "\n\n" + trajectories(runs)
+    text = "\n\n".join(t for t in (table(runs), trajectories(runs), heldout_curves(runs)) if t)
     print(text)
     (args.root / "report.md").write_text(text + "\n")
     for path in plot(runs, args.plots or args.root / "plots"):
