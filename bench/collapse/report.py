@@ -167,6 +167,76 @@ def heldout_curves(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
+_MAP_SETTING = re.compile(
+    r"^h(?P<horizon>\d+)_(?:(?P<mode>bypass|decoupled)_(?P<mismatch>.+)|no_mismatch)$"
+)
+
+
+def outcome(run: Run) -> str:
+    """learned / no change / degraded / collapsed / no signal, from held-out pass@1.
+
+    The trained policy is judged with the clean sampler when the run evaluated with one, else
+    with its own. `learned` / `degraded`: the final 95% interval lies wholly above / below the
+    starting point estimate; `collapsed`: degraded to at most 0.05; `no signal`: no step made
+    an update (every group degenerate).
+    """
+    if not values_by_step(run.rows, "train/grad_norm"):
+        return "no signal"
+    key = CLEAN_HELDOUT if values_by_step(run.rows, CLEAN_HELDOUT) else HELDOUT
+    points = values_by_step(run.rows, key)
+    if len(points) < 2:
+        return "unfinished"
+    first, last = min(points), max(points)
+    low = values_by_step(run.rows, f"{key}_low").get(last, points[last])
+    high = values_by_step(run.rows, f"{key}_high").get(last, points[last])
+    if high < points[first]:
+        return "collapsed" if points[last] <= 0.05 else "degraded"
+    return "learned" if low > points[first] else "no change"
+
+
+def breaking_point_map(runs: list[Run]) -> str:
+    """The `map` suite as one table: mismatch x (horizon, mode) -> outcome and gap size.
+
+    Empty when no run is named like the map's settings (`h<H>_<mode>_<mismatch>`).
+    """
+    cells: dict[tuple[str, int, str], Run] = {}
+    for run in runs:
+        match = _MAP_SETTING.match(run.setting)
+        if match is not None:
+            mismatch = match["mismatch"] or "none"
+            cells[(mismatch, int(match["horizon"]), match["mode"] or "both")] = run
+    if not cells:
+        return ""
+    horizons = sorted({h for _, h, _ in cells}, reverse=True)
+    columns = [(h, m) for h in horizons for m in ("bypass", "decoupled")]
+    mismatches = sorted({m for m, _, _ in cells}, key=lambda m: (m != "none", m))
+    lines = [
+        "breaking-point map: outcome (held-out pass@1 before → after, clean sampler where run; "
+        "k3 KL and max |Δ logprob| at step 1):",
+        "",
+        "| mismatch | " + " | ".join(f"h{h} {m}" for h, m in columns) + " |",
+        "|---" * (len(columns) + 1) + "|",
+    ]
+    for mismatch in mismatches:
+        row = []
+        for h, mode in columns:
+            run = cells.get((mismatch, h, mode)) or cells.get((mismatch, h, "both"))
+            row.append("–" if run is None else _map_cell(run))
+        lines.append(f"| {mismatch} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def _map_cell(run: Run) -> str:
+    key = CLEAN_HELDOUT if values_by_step(run.rows, CLEAN_HELDOUT) else HELDOUT
+    points = values_by_step(run.rows, key)
+    k3 = values_by_step(run.rows, "mismatch/k3_kl")
+    gap = values_by_step(run.rows, "mismatch/abs_diff_max")
+    first = min(k3) if k3 else None
+    heldout = f"{points[min(points)]:.2f} → {points[max(points)]:.2f}" if len(points) > 1 else "–"
+    sizes = f"k3 {_fmt(k3.get(first), '.1e')}, max {_fmt(gap.get(first), '.2g')}" if k3 else ""
+    return f"**{outcome(run)}** {heldout}; {sizes}"
+
+
 def _ordered(settings: Any) -> list[str]:
     names = list(settings)
     return sorted(names, key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
@@ -278,7 +348,8 @@ def main() -> None:
     runs = load_runs(args.root)
     if not runs:
         raise SystemExit(f"no runs with metrics.jsonl under {args.root}")
-    text = "\n\n".join(t for t in (table(runs), trajectories(runs), heldout_curves(runs)) if t)
+    parts = (table(runs), trajectories(runs), heldout_curves(runs), breaking_point_map(runs))
+    text = "\n\n".join(t for t in parts if t)
     print(text)
     (args.root / "report.md").write_text(text + "\n")
     for path in plot(runs, args.plots or args.root / "plots"):

@@ -64,6 +64,62 @@ def causes_suite() -> list[Setting]:
     ]
 
 
+MAP_MISMATCHES: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("noise_0.3", _noise(0.3), "logit noise std 0.3"),
+    ("bf16_sampler", ("inject.sampler_dtype=bfloat16",), "bf16 sampler"),
+    ("noise_1", _noise(1.0), "logit noise std 1"),
+    ("noise_0.1", _noise(0.1), "logit noise std 0.1"),
+    ("stale_4", ("inject.sync_every=4",), "weights synced every 4 steps"),
+    ("bf16_lm_head", ("inject.lm_head_dtype=bfloat16",), "sampler lm_head in bf16"),
+    ("noise_3", _noise(3.0), "logit noise std 3"),
+)
+"""The map's mismatches, most informative first (a suite cut short keeps the first ones)."""
+
+MAP_HORIZONS = (8, 4)
+MAP_MODES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("bypass", ("correction.bypass=ppo_clip",)),
+    ("decoupled", ()),
+)
+
+
+def horizon_overrides(horizon: int) -> tuple[str, ...]:
+    """MultiHop at `horizon` with room for every lookup, the answer and a few mistakes."""
+    return (f"env.kwargs.horizon={horizon}", f"rollout.max_turns={horizon + 4}")
+
+
+def map_suite() -> list[Setting]:
+    """The breaking-point map: each mismatch x horizon x update mode, no correction.
+
+    Run in this order: per mismatch (most informative first), both horizons and both
+    modes, after one mismatch-free reference per horizon (with an exact sampler the two modes
+    are the same update).
+    """
+    settings = [
+        Setting(
+            f"h{h}_no_mismatch",
+            (*horizon_overrides(h), "correction_preset=none"),
+            f"horizon {h}, fp32 sampler = trainer",
+        )  # fmt: skip
+        for h in MAP_HORIZONS
+    ]
+    for key, overrides, label in MAP_MISMATCHES:
+        for h in MAP_HORIZONS:
+            for mode, mode_overrides in MAP_MODES:
+                settings.append(
+                    Setting(
+                        f"h{h}_{mode}_{key}",
+                        (
+                            *horizon_overrides(h),
+                            *mode_overrides,
+                            *overrides,
+                            "correction_preset=none",
+                        ),  # fmt: skip
+                        f"horizon {h}, {mode}, {label}, no correction",
+                    )
+                )
+    return settings
+
+
 MISMATCHES: dict[str, tuple[tuple[str, ...], str]] = {
     "noise": (_noise(0.1), "logit noise std 0.1"),
     "bf16": (("inject.sampler_dtype=bfloat16",), "bf16 sampler"),
@@ -74,7 +130,7 @@ MISMATCHES: dict[str, tuple[tuple[str, ...], str]] = {
 
 
 def suite(name: str, mismatch: str = "noise", noise_std: float | None = None) -> list[Setting]:
-    """The settings of suite `name` (`corrections`, `sweep` or `causes`)."""
+    """The settings of suite `name` (`corrections`, `sweep`, `causes` or `map`)."""
     if name == "corrections":
         overrides, label = MISMATCHES[mismatch]
         if mismatch == "noise" and noise_std is not None:
@@ -84,4 +140,6 @@ def suite(name: str, mismatch: str = "noise", noise_std: float | None = None) ->
         return sweep_suite((0.0, 0.03, 0.1, 0.3))
     if name == "causes":
         return causes_suite()
-    raise SystemExit(f"unknown suite {name!r}: choose corrections, sweep or causes")
+    if name == "map":
+        return map_suite()
+    raise SystemExit(f"unknown suite {name!r}: choose corrections, sweep, causes or map")

@@ -16,7 +16,7 @@ from settings import MISMATCHES, suite  # noqa: E402
 
 CASES = [
     (name, mismatch, setting)
-    for name in ("corrections", "sweep", "causes")
+    for name in ("corrections", "sweep", "causes", "map")
     for mismatch in (MISMATCHES if name == "corrections" else ["noise"])
     for setting in suite(name, mismatch)
 ]
@@ -28,7 +28,7 @@ CASES = [
 def test_setting_loads_on_the_base_config(suite_name, mismatch, setting) -> None:
     for size in ((), GPU_SIZE):
         config = load(RunConfig, LAB / "base.yaml", ["model=tiny", *size, *setting.overrides])
-        if setting.name == "no_mismatch":
+        if setting.name.endswith("no_mismatch"):
             assert not config.inject.active
         elif setting.name != "noise_0":
             assert config.inject.active, setting
@@ -49,3 +49,21 @@ def test_setting_loads_on_the_lab_config(suite_name, mismatch, setting) -> None:
     config = load(RunConfig, LAB_CONFIG, overrides)
     assert config.run.tasks_per_step == 4 and config.trainer.train_only == ("model.norm.weight",)
     assert config.run.eval_clean_sampler == (config.inject.sampler_dtype is None)
+
+
+def test_map_covers_both_update_modes_at_two_horizons_for_every_mismatch() -> None:
+    from settings import MAP_MISMATCHES
+
+    names = {s.name for s in suite("map")}
+    for key, _, _ in MAP_MISMATCHES:
+        for horizon in (4, 8):
+            assert {f"h{horizon}_bypass_{key}", f"h{horizon}_decoupled_{key}"} <= names
+    for setting in suite("map"):
+        config = load(RunConfig, LAB_CONFIG, ["model=tiny", *LAB_SIZE, *setting.overrides])
+        bypass = config.correction.bypass != "off"
+        assert bypass == ("_bypass_" in setting.name), setting.name
+        assert config.rollout.max_turns > config_horizon(config), setting.name
+
+
+def config_horizon(config: RunConfig) -> int:
+    return int(config.env.kwargs["horizon"])

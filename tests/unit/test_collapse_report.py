@@ -4,7 +4,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "collapse"))
 
-from report import REWARD_BLOCK, heldout_curves, load_runs, trajectories  # noqa: E402
+from report import (  # noqa: E402
+    REWARD_BLOCK,
+    breaking_point_map,
+    heldout_curves,
+    load_runs,
+    outcome,
+    trajectories,
+)
 
 
 def _write_run(root: Path, name: str, rewards: list[float], entropies: list[float]) -> None:
@@ -56,3 +63,57 @@ def test_no_heldout_curve_table_for_before_and_after_only(tmp_path):
     rows = [{"step": 0, "eval/pass_at_1": 0.25}, {"step": 8, "eval/pass_at_1": 0.5}]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert heldout_curves(load_runs(tmp_path)) == ""
+
+
+def _write_eval_run(root: Path, name: str, before: float, after: tuple[float, float, float],
+                    *, updates: bool = True, clean: bool = True) -> None:  # fmt: skip
+    folder = root / name
+    folder.mkdir()
+    prefix = "eval_clean" if clean else "eval"
+    point, low, high = after
+    rows = [
+        {"step": 0, f"{prefix}/pass_at_1": before, "eval/pass_at_1": before},
+        {"step": 1, "rollout/reward_mean": 0.5, "mismatch/k3_kl": 6e-3,
+         "mismatch/abs_diff_max": 2.1, **({"train/grad_norm": 0.02} if updates else {})},
+        {"step": 8, f"{prefix}/pass_at_1": point, f"{prefix}/pass_at_1_low": low,
+         f"{prefix}/pass_at_1_high": high, "eval/pass_at_1": 0.0},
+    ]  # fmt: skip
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_outcome_judges_the_trained_policy_by_its_interval_against_the_start(tmp_path):
+    _write_eval_run(tmp_path, "h8_decoupled_noise_0.3_s0", 0.25, (0.8, 0.7, 0.9))
+    _write_eval_run(tmp_path, "h8_decoupled_noise_1_s0", 0.25, (0.3, 0.2, 0.4))
+    _write_eval_run(tmp_path, "h8_bypass_noise_0.3_s0", 0.25, (0.0, 0.0, 0.0))
+    _write_eval_run(tmp_path, "h8_bypass_noise_1_s0", 0.25, (0.1, 0.05, 0.2))
+    _write_eval_run(tmp_path, "h8_bypass_noise_3_s0", 0.0, (0.0, 0.0, 0.0), updates=False)
+    judged = {r.setting: outcome(r) for r in load_runs(tmp_path)}
+    assert judged == {
+        "h8_decoupled_noise_0.3": "learned",
+        "h8_decoupled_noise_1": "no change",
+        "h8_bypass_noise_0.3": "collapsed",
+        "h8_bypass_noise_1": "degraded",
+        "h8_bypass_noise_3": "no signal",
+    }
+
+
+def test_outcome_uses_the_own_sampler_when_no_clean_evaluation_ran(tmp_path):
+    _write_eval_run(tmp_path, "h4_bypass_bf16_sampler_s0", 0.25, (0.8, 0.7, 0.9), clean=False)
+    assert outcome(load_runs(tmp_path)[0]) == "learned"
+
+
+def test_the_map_puts_each_run_in_its_mismatch_row_and_horizon_mode_column(tmp_path):
+    _write_eval_run(tmp_path, "h8_no_mismatch_s0", 0.25, (0.8, 0.7, 0.9))
+    _write_eval_run(tmp_path, "h8_bypass_noise_0.3_s0", 0.25, (0.0, 0.0, 0.0))
+    _write_eval_run(tmp_path, "h4_decoupled_noise_0.3_s0", 0.5, (0.8, 0.7, 0.9))
+    lines = breaking_point_map(load_runs(tmp_path)).splitlines()
+    assert lines[2] == "| mismatch | h8 bypass | h8 decoupled | h4 bypass | h4 decoupled |"
+    none_row, noise_row = lines[4], lines[5]
+    assert none_row.startswith(
+        "| none | **learned** 0.25 → 0.80; k3 6.0e-03, max 2.1 | **learned**"
+    )
+    cells = [c.strip() for c in noise_row.split("|")[1:-1]]
+    assert cells[0] == "noise_0.3"
+    assert cells[1].startswith("**collapsed** 0.25 → 0.00")
+    assert cells[2] == "–" and cells[3] == "–"
+    assert cells[4].startswith("**learned** 0.50 → 0.80")
