@@ -306,7 +306,59 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
     written.append(out / "collapse_by_turn.png")
     fig.savefig(written[1], dpi=90)
     plt.close(fig)
+    if (map_plot := _plot_map(runs, out / "breaking_point_map.png")) is not None:
+        written.append(map_plot)
     return written
+
+
+OUTCOME_COLORS = {
+    "learned": "tab:green",
+    "no change": "tab:gray",
+    "degraded": "tab:orange",
+    "collapsed": "tab:red",
+    "no signal": "black",
+    "unfinished": "white",
+}
+
+
+def _plot_map(runs: list[Run], path: Path) -> Path | None:
+    """The map's runs on one axis of mismatch size (k3 at step 1), one row per horizon and
+    mode, coloured by outcome; None without map runs."""
+    import matplotlib.pyplot as plt
+
+    points = []
+    for run in runs:
+        match = _MAP_SETTING.match(run.setting)
+        k3 = values_by_step(run.rows, "mismatch/k3_kl")
+        if match is None or not k3:
+            continue
+        modes = [match["mode"]] if match["mode"] else ["bypass", "decoupled"]
+        for mode in modes:
+            row = f"h{match['horizon']} {mode}"
+            points.append((row, max(k3[min(k3)], LOG_FLOOR), outcome(run), match["mismatch"]))
+    if not points:
+        return None
+    rows = sorted({p[0] for p in points}, key=lambda r: (-int(r.split()[0][1:]), r))
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.7 * len(rows)))
+    for row, k3, verdict, mismatch in points:
+        y = rows.index(row)
+        ax.scatter(k3, y, s=90, c=OUTCOME_COLORS[verdict], edgecolors="black", zorder=3)
+        ax.annotate(mismatch or "none", (k3, y), textcoords="offset points", xytext=(0, 8),
+                    ha="center", fontsize=7)  # fmt: skip
+    for verdict, color in OUTCOME_COLORS.items():
+        if any(p[2] == verdict for p in points):
+            ax.scatter([], [], s=90, c=color, edgecolors="black", label=verdict)
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(rows)), rows)
+    ax.set_ylim(-0.6, len(rows) - 0.3)
+    ax.set_xlabel("mismatch k3 KL at step 1 (an exact sampler is drawn at 1e-7)")
+    ax.set_title("breaking-point map: outcome of uncorrected GRPO per mismatch, horizon and mode")
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
 
 
 def _mean_curve(

@@ -10,6 +10,7 @@ from report import (  # noqa: E402
     heldout_curves,
     load_runs,
     outcome,
+    plot,
     trajectories,
 )
 
@@ -117,3 +118,15 @@ def test_the_map_puts_each_run_in_its_mismatch_row_and_horizon_mode_column(tmp_p
     assert cells[1].startswith("**collapsed** 0.25 → 0.00")
     assert cells[2] == "–" and cells[3] == "–"
     assert cells[4].startswith("**learned** 0.50 → 0.80")
+
+
+def test_map_runs_get_a_map_plot_and_other_runs_do_not(tmp_path):
+    _write_eval_run(tmp_path, "h8_bypass_noise_0.3_s0", 0.25, (0.0, 0.0, 0.0))
+    written = plot(load_runs(tmp_path), tmp_path / "plots")
+    assert [p.name for p in written][-1] == "breaking_point_map.png"
+    assert (tmp_path / "plots" / "breaking_point_map.png").stat().st_size > 0
+    other = tmp_path / "other"
+    other.mkdir()
+    _write_eval_run(other, "uncorrected_s0", 0.25, (0.0, 0.0, 0.0))
+    names = [p.name for p in plot(load_runs(other), other / "plots")]
+    assert "breaking_point_map.png" not in names
