@@ -24,7 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from settings import MISMATCHES, suite  # noqa: E402
+from settings import MISMATCHES, Setting, suite  # noqa: E402
 
 BASE = HERE / "base.yaml"
 SFT_CONFIG = HERE.parents[1] / "configs" / "sft" / "multihop.yaml"
@@ -71,7 +71,9 @@ def main() -> None:
     parser.add_argument("--mismatch", default="noise", choices=sorted(MISMATCHES))
     parser.add_argument("--noise-std", type=float, default=None, help="for --mismatch noise")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--only", default="", help="comma-separated setting names")
+    parser.add_argument(
+        "--only", default="", help="comma-separated setting names, run in that order"
+    )
     parser.add_argument("--model", default=None, help="skip the SFT warm start; use this model")
     parser.add_argument("--out", type=Path, default=Path("runs/collapse"))
     parser.add_argument("--gpu", action="store_true", help="GPU-sized runs")
@@ -84,8 +86,7 @@ def main() -> None:
 
     settings = suite(args.suite, args.mismatch, args.noise_std)
     if args.only:
-        wanted = set(args.only.split(","))
-        settings = [s for s in settings if s.name in wanted]
+        settings = pick(settings, args.only.split(","))
     if args.gpu and args.lab:
         raise SystemExit("choose one of --gpu and --lab")
     if args.lab:
@@ -129,6 +130,18 @@ def main() -> None:
         subprocess.call([sys.executable, str(HERE / "report.py"), str(args.out)])
     if failures:
         raise SystemExit(f"failed runs: {', '.join(failures)}")
+
+
+def pick(settings: list[Setting], names: list[str]) -> list[Setting]:
+    """The settings called `names`, in that order; an unknown name is refused, not skipped."""
+    by_name = {s.name: s for s in settings}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise SystemExit(
+            f"--only names no setting of this suite: {', '.join(unknown)}; "
+            f"its settings are {', '.join(by_name)}"
+        )
+    return [by_name[n] for n in names]
 
 
 def lab_clean_eval(lab: bool, overrides: list[str]) -> tuple[str, ...]:

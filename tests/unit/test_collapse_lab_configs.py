@@ -67,3 +67,13 @@ def test_map_covers_both_update_modes_at_two_horizons_for_every_mismatch() -> No
 
 def config_horizon(config: RunConfig) -> int:
     return int(config.env.kwargs["horizon"])
+
+
+def test_only_runs_the_named_settings_in_the_given_order_and_refuses_unknown_names() -> None:
+    from run import pick
+
+    settings = suite("map")
+    chosen = pick(settings, ["h4_decoupled_stale_4", "h8_no_mismatch"])
+    assert [s.name for s in chosen] == ["h4_decoupled_stale_4", "h8_no_mismatch"]
+    with pytest.raises(SystemExit, match="h8_typo"):
+        pick(settings, ["h8_no_mismatch", "h8_typo"])
