@@ -6,8 +6,9 @@ are the update's own, so ℓ^old = ℓ^θ detached)::
 
     micro-batch (packed) ──► forward ℓ_θ ──► ℓ_old := sg(ℓ_θ)
         │ sampler logprobs ℓ_μ ──► correction(ℓ_old, ℓ_μ) of its sequences ──► weights w, mask m′
+        │ with a KL term: frozen reference, no-grad forward ──► ℓ_ref
         ▼
-    GRPOLoss(ℓ_θ, ℓ_old, A, m′, w), summed (not normalized) ──► backward
+    GRPOLoss(ℓ_θ, ℓ_old, A, m′, w, ℓ_ref), summed (not normalized) ──► backward
     ...after the last micro-batch:
     batch ℓ_old ──► mismatch_metrics, correction stats ──► N = Σ m′ (tokens or sequences,
         all ranks) ──► gradients ÷ N
