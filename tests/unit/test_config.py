@@ -126,5 +126,7 @@ def test_a_kl_penalty_loads_and_a_reference_model_without_one_is_refused():
     assert cfg.trainer.reference_model == ""  # the policy's starting weights, kept as given
     other = config.load(RunConfig, None, ["loss.kl_coef=0.1", "trainer.reference_model=tiny"])
     assert other.trainer.reference_model == "tiny"
-    with pytest.raises(ConfigError, match=r"trainer.reference_model='tiny' is set but loss.kl_coef"):
+    with pytest.raises(
+        ConfigError, match=r"trainer.reference_model='tiny' is set but loss.kl_coef"
+    ):
         config.load(RunConfig, None, ["trainer.reference_model=tiny"])

@@ -114,6 +114,46 @@ class ReferencePolicy:
             self.model.train(was_training)
 
 
+def load_reference(
+    policy: nn.Module,
+    *,
+    policy_model: str,
+    policy_path: Path,
+    reference_model: str,
+    lora: bool,
+    attn_implementation: str,
+) -> tuple[nn.Module | None, ReferenceRecord]:
+    """The reference's weights (None: the LoRA policy's own base) and their record.
+
+    Args:
+        policy: the policy as just loaded, before any update or LoRA wrapping.
+        policy_model: the policy's `trainer.model` value.
+        policy_path: the folder the policy was loaded from.
+        reference_model: `trainer.reference_model` ("" for the policy's starting weights).
+        lora: whether the policy trains LoRA adapters (its base weights never change).
+        attn_implementation: the transformers attention kernel, as the policy's.
+    """
+    from tir_rl.models import resolve_model
+
+    name = reference_model or policy_model
+    path = resolve_model(reference_model) if reference_model else policy_path
+    weights = None
+    if not (lora and path.resolve() == policy_path.resolve()):  # LoRA's base: no copy
+        weights = load_reference_weights(
+            policy,
+            policy_path=policy_path,
+            reference_path=path,
+            attn_implementation=attn_implementation,
+        )
+    record = ReferenceRecord(
+        model=name,
+        path=str(path),
+        fingerprint=weights_fingerprint(weights if weights is not None else policy),
+        adapters_disabled=weights is None,
+    )
+    return weights, record
+
+
 def load_reference_weights(
     policy: nn.Module,
     *,

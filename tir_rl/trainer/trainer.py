@@ -72,12 +72,7 @@ from tir_rl.trainer.lora import LoRAConfig
 from tir_rl.trainer.loss import GRPOLoss
 from tir_rl.trainer.lr_schedule import LRSchedule, check_schedule, lr_factor
 from tir_rl.trainer.optimizer import build_adamw, clip_gradients, seed_everything
-from tir_rl.trainer.reference import (
-    ReferencePolicy,
-    ReferenceRecord,
-    load_reference_weights,
-    weights_fingerprint,
-)
+from tir_rl.trainer.reference import ReferencePolicy, load_reference
 from tir_rl.trainer.token_stats import token_stats
 
 logger = logging.getLogger(__name__)
@@ -315,7 +310,14 @@ class Trainer:
         model.config.use_cache = False
         reference_weights, reference_record = None, None
         if self.loss_fn.needs_reference:  # before any change to `model`: its start is copied
-            reference_weights, reference_record = self._load_reference(model)
+            reference_weights, reference_record = load_reference(
+                model,
+                policy_model=self.config.model,
+                policy_path=self.model_path,
+                reference_model=self.config.reference_model,
+                lora=self.lora_enabled,
+                attn_implementation=self.config.attn_implementation,
+            )
         _freeze_all_but(model, self.config.train_only)
         if self.config.grad_checkpointing:
             model.gradient_checkpointing_enable()
@@ -356,30 +358,6 @@ class Trainer:
         """Number of train_step calls so far (applied or skipped); the schedule's step."""
         self.num_skipped_nonfinite = 0
         self.num_skipped_guard = 0
-
-    def _load_reference(self, model: nn.Module) -> tuple[nn.Module | None, ReferenceRecord]:
-        """The reference's weights (None: the LoRA policy's base) and their record.
-
-        `model` is the policy as just loaded, before any update or wrapping.
-        """
-        name = self.config.reference_model or self.config.model
-        path = resolve_model(name) if self.config.reference_model else self.model_path
-        same_base = path.resolve() == self.model_path.resolve()
-        weights = None
-        if not (self.lora_enabled and same_base):  # LoRA's base never trains: no copy
-            weights = load_reference_weights(
-                model,
-                policy_path=self.model_path,
-                reference_path=path,
-                attn_implementation=self.config.attn_implementation,
-            )
-        record = ReferenceRecord(
-            model=name,
-            path=str(path),
-            fingerprint=weights_fingerprint(weights if weights is not None else model),
-            adapters_disabled=weights is None,
-        )
-        return weights, record
 
     # ------------------------------------------------------------------ logprobs
 

@@ -68,7 +68,9 @@ def test_the_reference_stays_frozen_while_the_policy_moves(kl_trainer):
     assert state(reference.model).keys() == initial.keys()
     # A copy of its own: no tensor shared with the policy, frozen, outside the optimizer.
     policy_storage = {p.untyped_storage().data_ptr() for p in trainer.model.parameters()}
-    assert not policy_storage & {p.untyped_storage().data_ptr() for p in reference.model.parameters()}
+    assert not policy_storage & {
+        p.untyped_storage().data_ptr() for p in reference.model.parameters()
+    }
     assert not any(p.requires_grad for p in reference.model.parameters())
     optimized = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
     assert not optimized & {id(p) for p in reference.model.parameters()}
@@ -88,7 +90,9 @@ def test_the_reference_stays_frozen_while_the_policy_moves(kl_trainer):
     assert second.metrics["train/ref_kl"] == pytest.approx(expected, rel=1e-4)
 
 
-def perturbed_kl_after_steps(trainer: Trainer, initial: torch.Tensor, num_steps: int) -> list[float]:
+def perturbed_kl_after_steps(
+    trainer: Trainer, initial: torch.Tensor, num_steps: int
+) -> list[float]:
     """Push the policy away from its start, then step with all advantages 0: KL per step."""
     batch = make_batch()
     generator = torch.Generator().manual_seed(0)
@@ -164,15 +168,19 @@ def test_reference_model_names_another_checkpoint(kl_trainer, tiny_model_path, t
     alone = Trainer(Trainer.Config(model=str(other), micro_batch_tokens=24, device=device))
     assert torch.equal(trainer.compute_reference_logprobs(batch), alone.compute_logprobs(batch))
     result = trainer.train_step(batch, ADVANTAGES)
-    expected = mean_k3(kl_trainer(kl_coef=0.0).compute_logprobs(batch), alone.compute_logprobs(batch), batch.loss_mask)
+    expected = mean_k3(
+        kl_trainer(kl_coef=0.0).compute_logprobs(batch),
+        alone.compute_logprobs(batch),
+        batch.loss_mask,
+    )
     assert result.metrics["train/ref_kl"] == pytest.approx(expected, rel=1e-4)
 
 
 def test_a_reference_with_another_vocabulary_is_refused(kl_trainer, tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
+    shape = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
+    config = LlamaConfig(vocab_size=100, num_attention_heads=2, num_key_value_heads=1, **shape)
     LlamaForCausalLM(config).save_pretrained(tmp_path / "small")
     with pytest.raises(ConfigError, match="vocabulary of 100 tokens"):
         kl_trainer(reference_model=str(tmp_path / "small"))
