@@ -341,6 +341,11 @@ class Trainer:
                 if self.sharded:
                     _apply_fsdp2(reference_weights, self.compute_dtype)
                 self.reference = ReferencePolicy.frozen_copy(reference_weights, reference_record)
+            logger.info(
+                "KL reference policy: %s, %s", reference_record.path,
+                "the LoRA policy with its adapters disabled" if reference_weights is None
+                else "a frozen copy",
+            )  # fmt: skip
         self.optimizer = build_adamw(
             model.parameters(),
             lr=self.config.lr,
