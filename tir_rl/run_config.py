@@ -72,7 +72,9 @@ class RunSection:
     """Leave groups whose rewards are all equal out of the update (DAPO's dynamic sampling):
     with `loss.kl_coef` 0 they carry no gradient, and keeping them only shrinks the step
     through the token-mean normalizer and costs a backward pass. A step where every group
-    is degenerate makes no update but still logs the mismatch metrics."""
+    is degenerate makes no update but still logs the mismatch metrics. Applies only when
+    `loss.kl_coef` is 0: with a KL penalty every group stays, since the KL term gives
+    degenerate groups (advantage 0) gradient towards the reference."""
     parity_tolerance: float = 1e-3
     """Largest sampler/trainer logprob gap allowed on the probe after each weight sync."""
     seed: int = 0
@@ -139,12 +141,11 @@ class RunConfig:
         """Cross-section checks; also points engine and trainer at `model`."""
         self.run.validate()
         self._check_wandb()
-        if self.loss.kl_coef > 0:
+        if self.trainer.reference_model and self.loss.kl_coef == 0:
             raise ConfigError(
-                f"loss.kl_coef={self.loss.kl_coef}: the KL penalty to a reference policy is not "
-                "supported by `tir-rl train` yet (nothing computes the reference model's "
-                "logprobs, so the first step would fail). Set loss.kl_coef=0; to keep the policy "
-                "near its start, lower trainer.lr or the clip range (loss.clip_low/clip_high)."
+                f"trainer.reference_model={self.trainer.reference_model!r} is set but "
+                "loss.kl_coef is 0, so no reference policy is loaded. Set loss.kl_coef > 0 for a "
+                "KL penalty to it, or drop trainer.reference_model."
             )
         if self.trainer.temperature != self.rollout.temperature:
             raise ConfigError(

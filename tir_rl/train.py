@@ -8,7 +8,8 @@
     │                 rewards ─► group advantages (GRPO)
     │                   ▼
     │                 Trainer.train_step: ℓ^old (update forward) ─► mismatch metrics ─► correction
-    │                   │                  ─► PPO-clip loss ─► clip ─► AdamW (or skip)
+    │                   │                  (ℓ^ref from the frozen reference when loss.kl_coef > 0)
+    │                   │                  ─► PPO-clip loss (+ β·KL) ─► clip ─► AdamW (or skip)
     │                   ▼
     └── weight sync (WeightSync): trainer state dict ─► engine.update_weights ─► parity probe
 
@@ -497,6 +498,7 @@ class _TrainLoop:
         plan, works = plan_step(
             trajectories,
             world_size=self.world,
+            # With a KL penalty a degenerate group (advantage 0) still has a gradient: keep it.
             drop_degenerate_groups=cfg.drop_degenerate_groups and self.config.loss.kl_coef == 0,
         )
         plan.row = {**row, **plan.row}

@@ -118,9 +118,15 @@ def test_engine_and_trainer_follow_model_and_a_different_checkpoint_is_refused()
             config.load(RunConfig, None, ["model=tiny", f"{key}=bundled"])
 
 
-def test_a_kl_penalty_is_refused_at_load_time_until_a_reference_model_exists():
+def test_a_kl_penalty_loads_and_a_reference_model_without_one_is_refused():
     from tir_rl.run_config import RunConfig
 
-    with pytest.raises(ConfigError, match=r"loss.kl_coef=0.1: .*not supported.*Set loss.kl_coef=0"):
-        config.load(RunConfig, None, ["loss.kl_coef=0.1"])
-    assert config.load(RunConfig, None, ["loss.kl_coef=0"]).loss.kl_coef == 0.0
+    cfg = config.load(RunConfig, None, ["model=tiny", "loss.kl_coef=0.1"])
+    assert cfg.loss.kl_coef == 0.1
+    assert cfg.trainer.reference_model == ""  # the policy's starting weights, kept as given
+    other = config.load(RunConfig, None, ["loss.kl_coef=0.1", "trainer.reference_model=tiny"])
+    assert other.trainer.reference_model == "tiny"
+    with pytest.raises(
+        ConfigError, match=r"trainer.reference_model='tiny' is set but loss.kl_coef"
+    ):
+        config.load(RunConfig, None, ["trainer.reference_model=tiny"])

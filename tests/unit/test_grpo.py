@@ -153,6 +153,7 @@ def test_kl_to_reference_is_k3_added_unweighted():
     assert metrics.ref_kl == pytest.approx(k3.item(), rel=1e-5)
     with pytest.raises(ConfigError, match="ref_logprobs"):
         with_kl(logprobs, **kwargs)
+    assert with_kl.needs_reference and not base.needs_reference  # the trainer loads one or not
 
 
 def test_dual_clip_caps_negative_advantage_loss():

@@ -3,8 +3,9 @@
 `Trainer` (`trainer.py`) runs the step: micro-batches planned by `batch.py`, per-token
 logprobs and entropy from `token_stats.py`, the mismatch correction (`tir_rl.mismatch`), the
 policy loss (`loss.py`), AdamW with clipping (`optimizer.py`) at the rate of
-`lr_schedule.py`. `checkpoint.py` saves and resumes the trainer's state and writes the
-Hugging Face model folder SFT writes too.
+`lr_schedule.py`, the frozen reference policy of a KL penalty (`reference.py`) and LoRA
+(`lora.py`). `checkpoint.py` saves and resumes the trainer's state and writes the Hugging
+Face model folder SFT writes too.
 """
 
 from tir_rl.trainer.batch import Packing, TrainBatch

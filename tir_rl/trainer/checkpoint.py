@@ -9,7 +9,8 @@ Layout of a checkpoint folder::
                          (`PeftModel.from_pretrained(base, adapter/)`); what resume loads
       optimizer.pt       unsharded (parameter-name keyed) optimizer state, from rank 0
       rng_rank{r}.pt     python, numpy and torch RNG states of rank r
-      trainer_state.json step, data position, skip counters, trainer config, guard history
+      trainer_state.json step, data position, skip counters, trainer config, guard history,
+                         which weights the KL penalty's reference policy is (checked on load)
       config.yaml        the run's config tree, when given
 
 Every rank calls `save` and `load` (they gather and scatter shards). Rank 0 writes into a
@@ -34,6 +35,7 @@ from tir_rl.config import dump, to_dict
 from tir_rl.engine.weights_io import read_checkpoint_weights
 from tir_rl.errors import ConfigError
 from tir_rl.trainer import lora
+from tir_rl.trainer.reference import ReferenceRecord, check_record
 
 if TYPE_CHECKING:
     from tir_rl.mismatch.guard import CollapseGuard
@@ -110,6 +112,9 @@ def save(
             "world_size": tdist.world_size(),
             "trainer_config": to_dict(trainer.config),
             "guard": guard.state_dict() if guard is not None else None,
+            "reference": (
+                trainer.reference.record.to_dict() if trainer.reference is not None else None
+            ),
         }
         (tmp / _STATE_FILE).write_text(json.dumps(record, indent=2) + "\n")
         if config is not None:
@@ -126,15 +131,21 @@ def load(path: str | Path, trainer: Trainer, *, guard: CollapseGuard | None = No
 
     Every rank must call this. The trainer must have been built with the same model
     architecture; the world size may differ (RNG states then come from rank 0's file).
+    The trainer's reference policy (KL penalty) is not touched: it must be the one the
+    checkpoint records (the run's starting weights by default), which the trainer built
+    from the run's config.
 
     Raises:
-        ConfigError: `path` is not a finished checkpoint.
+        ConfigError: `path` is not a finished checkpoint, or it records a reference policy
+            other than the trainer's.
         ModelError: its model folder holds no weights.
     """
     path = Path(path)
     if not (path / _STATE_FILE).is_file():
         raise ConfigError(f"{path} is not a tir-rl checkpoint (no {_STATE_FILE}).")
     record = json.loads((path / _STATE_FILE).read_text())
+    if record.get("reference") and trainer.reference is not None:
+        check_record(ReferenceRecord.from_dict(record["reference"]), trainer.reference.record, path)
 
     has_adapter = (path / ADAPTER_DIR).is_dir()
     if has_adapter != trainer.lora_enabled:

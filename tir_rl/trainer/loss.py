@@ -231,8 +231,11 @@ class GRPOLoss:
         dual_clip: float | None = None
         """c > 1: for A < 0 the loss is also capped at −A·c (verl's dual clip uses 3)."""
         kl_coef: float = 0.0
-        """β of the k3 KL to the reference policy; 0 (off) needs no reference logprobs. A run
-        config refuses > 0 for now: `tir-rl train` has no reference model yet."""
+        """β of the k3 KL to the reference policy (per model token, k3(ℓ^ref − ℓ^θ), never
+        weighted by the mismatch correction); 0 (off) needs no reference. > 0 makes the
+        trainer load a frozen reference (`trainer.reference_model`: the starting weights by
+        default) and log `train/ref_kl`; degenerate groups then stay in the update (the KL
+        term gives them gradient)."""
         aggregation: Aggregation = Aggregation.TOKEN_MEAN
         """Normalizer of the summed token losses; see `Aggregation`."""
 
@@ -251,6 +254,11 @@ class GRPOLoss:
     def __init__(self, config: Config | None = None) -> None:
         self.config = config if config is not None else GRPOLoss.Config()
         self.config.validate()
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the loss has a KL term, so that its caller must pass `ref_logprobs`."""
+        return self.config.kl_coef > 0
 
     def global_normalizer(self, *, num_tokens: int, num_sequences: int) -> int:
         """The D this loss divides by, given the global counts (see `aggregate`).

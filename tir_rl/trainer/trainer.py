@@ -6,8 +6,9 @@ are the update's own, so ℓ^old = ℓ^θ detached)::
 
     micro-batch (packed) ──► forward ℓ_θ ──► ℓ_old := sg(ℓ_θ)
         │ sampler logprobs ℓ_μ ──► correction(ℓ_old, ℓ_μ) of its sequences ──► weights w, mask m′
+        │ with a KL term: frozen reference, no-grad forward ──► ℓ_ref
         ▼
-    GRPOLoss(ℓ_θ, ℓ_old, A, m′, w), summed (not normalized) ──► backward
+    GRPOLoss(ℓ_θ, ℓ_old, A, m′, w, ℓ_ref), summed (not normalized) ──► backward
     ...after the last micro-batch:
     batch ℓ_old ──► mismatch_metrics, correction stats ──► N = Σ m′ (tokens or sequences,
         all ranks) ──► gradients ÷ N
@@ -71,6 +72,7 @@ from tir_rl.trainer.lora import LoRAConfig
 from tir_rl.trainer.loss import GRPOLoss
 from tir_rl.trainer.lr_schedule import LRSchedule, check_schedule, lr_factor
 from tir_rl.trainer.optimizer import build_adamw, clip_gradients, seed_everything
+from tir_rl.trainer.reference import ReferencePolicy, load_reference
 from tir_rl.trainer.token_stats import token_stats
 
 logger = logging.getLogger(__name__)
@@ -89,10 +91,16 @@ class PolicyLoss(Protocol):
         advantages: torch.Tensor,
         loss_mask: torch.Tensor,
         weights: torch.Tensor | None = None,
+        ref_logprobs: torch.Tensor | None = None,
         num_global_tokens: int | None = None,
         num_global_sequences: int | None = None,
     ) -> tuple[torch.Tensor, Any]:
         """Return the globally normalized loss of a micro-batch and its metrics."""
+        ...
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the loss takes `ref_logprobs` (a KL term to a frozen reference policy)."""
         ...
 
     def global_normalizer(self, *, num_tokens: int, num_sequences: int) -> int:
@@ -216,6 +224,13 @@ class Trainer:
         """Names of the parameters to train, as fnmatch patterns (`model.norm.weight`,
         `model.layers.2.*`); empty trains every parameter. The others stay frozen (no
         gradient, no optimizer state). A pattern that matches no parameter is refused."""
+        reference_model: str = ""
+        """The frozen reference policy of the KL penalty, loaded only when the loss has one
+        (`loss.kl_coef > 0`; a run config refuses this field otherwise). Empty: the policy's
+        starting weights (`model`), also on resume. Else `bundled`, `tiny`, `lab` or a local
+        checkpoint folder with the policy's vocabulary. Under LoRA the default reference is
+        the policy's base with its adapters disabled (no second copy in memory); otherwise
+        it is a frozen float32 copy, sharded like the policy under FSDP2."""
         lora: LoRAConfig = field(default_factory=LoRAConfig)
         """LoRA adapters (`peft`, the `tir-rl[lora]` extra): only the adapters train, and the
         engine gets the merged weights. Off unless `trainer.lora.enabled`."""
@@ -284,6 +299,7 @@ class Trainer:
                     "from unsharded adapters, which FSDP2 does not hold. Train on one rank, "
                     "or without LoRA."
                 )
+        self.loss_fn: PolicyLoss = loss_fn if loss_fn is not None else GRPOLoss()
         self.model_path = resolve_model(self.config.model)
         self.compute_dtype = _DTYPES[self.config.dtype]
         model = AutoModelForCausalLM.from_pretrained(
@@ -292,6 +308,16 @@ class Trainer:
             attn_implementation=self.config.attn_implementation,
         )
         model.config.use_cache = False
+        reference_weights, reference_record = None, None
+        if self.loss_fn.needs_reference:  # before any change to `model`: its start is copied
+            reference_weights, reference_record = load_reference(
+                model,
+                policy_model=self.config.model,
+                policy_path=self.model_path,
+                reference_model=self.config.reference_model,
+                lora=self.lora_enabled,
+                attn_implementation=self.config.attn_implementation,
+            )
         _freeze_all_but(model, self.config.train_only)
         if self.config.grad_checkpointing:
             model.gradient_checkpointing_enable()
@@ -305,6 +331,21 @@ class Trainer:
         if self.sharded:
             _apply_fsdp2(model, self.compute_dtype)
         self.model: nn.Module = model
+        self.reference: ReferencePolicy | None = None
+        """The frozen policy of the loss's KL term; None when the loss has none."""
+        if reference_record is not None:
+            if reference_weights is None:  # LoRA: the base weights, adapters off
+                self.reference = ReferencePolicy(model, reference_record)
+            else:
+                reference_weights.to(self.device)
+                if self.sharded:
+                    _apply_fsdp2(reference_weights, self.compute_dtype)
+                self.reference = ReferencePolicy.frozen_copy(reference_weights, reference_record)
+            logger.info(
+                "KL reference policy: %s, %s", reference_record.path,
+                "the LoRA policy with its adapters disabled" if reference_weights is None
+                else "a frozen copy",
+            )  # fmt: skip
         self.optimizer = build_adamw(
             model.parameters(),
             lr=self.config.lr,
@@ -312,7 +353,6 @@ class Trainer:
             eps=self.config.eps,
             weight_decay=self.config.weight_decay,
         )
-        self.loss_fn: PolicyLoss = loss_fn if loss_fn is not None else GRPOLoss()
         self.correction_config = correction_config or MismatchCorrection.Config()
         if self.correction_config.bypass is BypassMode.REINFORCE:
             raise ConfigError(
@@ -336,15 +376,35 @@ class Trainer:
         """
         was_training = self.model.training
         self.model.eval()
+        try:
+            return self._score(batch, self.model)
+        finally:
+            self.model.train(was_training)
+
+    @torch.no_grad()
+    def compute_reference_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """The reference policy's logprobs of every completion token (as `compute_logprobs`).
+
+        Raises:
+            ConfigError: the trainer has no reference (its loss has no KL term).
+        """
+        if self.reference is None:
+            raise ConfigError(
+                "This trainer has no reference policy: its loss has no KL term (loss.kl_coef 0)."
+            )
+        with self.reference.forward_model() as reference:
+            return self._score(batch, reference)
+
+    def _score(self, batch: TrainBatch, model: nn.Module) -> torch.Tensor:
+        """[B, T] float32 CPU logprobs of `batch` under `model` (grad mode as the caller's)."""
         out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32)
         micro_batches = self._plan(batch)
         for mb in self._matched(micro_batches):
             if mb is None:
-                self._empty_pass(backward=False)
+                self._empty_pass(model, backward=False)
                 continue
-            logprobs = self._forward_logprobs(mb).float().cpu()
+            logprobs = self._forward_token_stats(mb, entropy=False, model=model)[0].float().cpu()
             out[mb.seq_indices[mb.dest_seq], mb.dest_tok] = logprobs
-        self.model.train(was_training)
         return out
 
     def _plan(self, batch: TrainBatch) -> list[MicroBatch]:
@@ -355,19 +415,20 @@ class Trainer:
         num = tdist.all_reduce_count(len(micro_batches), tdist.ReduceOp.MAX)
         return [*micro_batches, *([None] * (num - len(micro_batches)))]
 
-    def _forward_logprobs(self, mb: MicroBatch) -> torch.Tensor:
-        """[n] logprobs of the micro-batch's completion tokens (with grad if enabled)."""
-        return self._forward_token_stats(mb, entropy=False)[0]
-
     def _forward_token_stats(
-        self, mb: MicroBatch, *, entropy: bool
+        self, mb: MicroBatch, *, entropy: bool, model: nn.Module | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """[n] token logprobs (grad if enabled) and, if asked, [n] detached entropies."""
+        """[n] token logprobs under `model` (grad if enabled) and, if asked, [n] entropies.
+
+        `model` is the policy (None) or the reference: both run the same code, so the
+        reference gets the policy's layout, temperature and compute dtype.
+        """
+        model = self.model if model is None else model
         keep = torch.unique(mb.pred_pos)  # sorted; the decoder hands lm_head these columns
         column = torch.searchsorted(keep, mb.pred_pos)
-        head = self.model.get_output_embeddings()
+        head = model.get_output_embeddings()
         with self._autocast(), _score_only(head, mb.row.to(self.device), column.to(self.device)):
-            output = self.model(
+            output = model(
                 input_ids=mb.input_ids.to(self.device),
                 position_ids=mb.position_ids.to(self.device),
                 logits_to_keep=keep.to(self.device),
@@ -389,11 +450,11 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
 
-    def _empty_pass(self, *, backward: bool) -> None:
-        """A one-token pass contributing nothing, to keep FSDP collectives matched."""
+    def _empty_pass(self, model: nn.Module, *, backward: bool) -> None:
+        """A one-token pass of `model` contributing nothing, to keep FSDP collectives matched."""
         ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
         with self._autocast():
-            logits = self.model(input_ids=ids, use_cache=False).logits
+            logits = model(input_ids=ids, use_cache=False).logits
         if backward:
             (logits.float().sum() * 0.0).backward()
 
@@ -475,7 +536,11 @@ class Trainer:
         grad_norm = float(tdist.grad_norm(self.model.parameters()))
         metrics = {f"mismatch/{k}" if "/" not in k else k: float(v) for k, v in metrics.items()}
         metrics.update({_train_key(k): v for k, v in loss_metrics.items()})
+        if self.reference is None:
+            metrics.pop("train/ref_kl", None)  # no reference: no KL to it (not a KL of 0)
+        # train/num_tokens (this rank's loss tokens) weights the ranks' loss-metric means.
         metrics = tdist.all_reduce_metrics(metrics)
+        metrics.pop("train/num_tokens", None)  # the same count as train/num_loss_tokens
         finite = math.isfinite(total_loss) and math.isfinite(grad_norm)
         metrics.update(
             {
@@ -584,13 +649,22 @@ class Trainer:
         rows: list[torch.Tensor] = []
         for mb in self._matched(self._plan(batch)):
             if mb is None:
-                self._empty_pass(backward=True)
+                if self.reference is not None:
+                    with torch.no_grad(), self.reference.forward_model() as reference:
+                        self._empty_pass(reference, backward=False)
+                self._empty_pass(self.model, backward=True)
                 continue
             seqs = mb.seq_indices.to(dev)
             width = int(mb.dest_tok.max()) + 1 if len(mb.dest_tok) else 1
             # The update uses the logprobs of model tokens only: lm_head skips the rest.
             mb = mb.select_tokens(mb.token_mask(batch.loss_mask))
             dest = (mb.dest_seq.to(dev), mb.dest_tok.to(dev))
+            ref = None
+            if self.reference is not None:
+                with torch.no_grad(), self.reference.forward_model() as reference:
+                    ref_tokens = self._forward_token_stats(mb, entropy=False, model=reference)[0]
+                ref = torch.zeros(len(mb.seq_indices), width, device=dev, dtype=torch.float32)
+                ref = ref.index_put(dest, ref_tokens)  # [b, width]
             token_logprobs, entropy = self._forward_token_stats(mb, entropy=True)
             assert entropy is not None
             theta = torch.zeros(len(mb.seq_indices), width, device=dev, dtype=torch.float32)
@@ -617,6 +691,7 @@ class Trainer:
                 advantages=on_device["advantages"][seqs],
                 loss_mask=mask,
                 weights=weights,
+                ref_logprobs=ref,
                 num_global_tokens=1,  # summed here; the gradient is divided after the loop
                 num_global_sequences=1,
             )
@@ -679,13 +754,14 @@ def _metric_row(metrics: Any) -> tuple[list[str], torch.Tensor]:
     return [str(k) for k in flat], torch.tensor([float(v) for v in flat.values()])
 
 
-_NOT_AVERAGED = ("loss", "num_tokens")  # the trainer reports these itself, globally
+_NOT_AVERAGED = ("loss",)  # the trainer reports it itself, globally
 
 
 def _combine_micro_metrics(names: list[str], rows: list[torch.Tensor]) -> dict[str, float]:
     """Token-weighted mean over micro-batches (max/min for `*_max`/`*_min` keys).
 
     Each row is [loss-token count, *metrics]; micro-batches without tokens are ignored.
+    `num_tokens` is the total count: the weight of this rank's means across ranks.
     """
     if not rows:
         return {}
@@ -695,6 +771,9 @@ def _combine_micro_metrics(names: list[str], rows: list[torch.Tensor]) -> dict[s
     for column, key in enumerate(names, start=1):
         leaf = key.rsplit("/", 1)[-1]
         if leaf in _NOT_AVERAGED:
+            continue
+        if leaf == "num_tokens":
+            out[key] = total
             continue
         values = [(row[0], row[column]) for row in table if row[0] > 0]
         if not values:

@@ -187,3 +187,28 @@ def test_wandb_offline_gets_the_config_rows_and_plots_and_resume_keeps_its_run(
     assert any("plots/reward._type" in r for r in rows)
     assert [r["step"] for r in history(read_records(resumed)) if "train/skipped" in r] == ["2"]
     assert not (run_dir / "tensorboard").exists()
+
+
+def test_a_kl_penalty_run_keeps_degenerate_groups_and_resumes_with_its_reference(tmp_path):
+    # Step 1 on MultiHop: every group is degenerate (reward 0), which a KL run keeps in the
+    # update (kl 0 skips such a step: see above). It starts at the reference: KL 0.
+    kl = ("loss.kl_coef=0.1", "run.eval_tasks=1")
+    config = tiny_config(tmp_path, "run.steps=1", *kl, env_id="tir_rl/MultiHop-v0")
+    summary = run_train(config)
+    rows = [r for r in read_metrics(summary.run_dir / "metrics.jsonl") if "train/skipped" in r]
+    assert rows[0]["train/skipped"] == 0.0 and rows[0]["train/dropped_episodes"] == 0.0
+    assert rows[0]["train/degenerate_groups"] == 2.0
+    assert rows[0]["train/ref_kl"] == 0.0
+    state = json.loads((latest_checkpoint(summary.run_dir) / "trainer_state.json").read_text())
+    assert state["reference"]["model"] == "tiny"
+    assert state["reference"]["path"] == str(prepare_tiny_model())
+
+    # Resumed on rewards that differ within a group: step 2 moves the policy away from the
+    # run's starting weights, and step 3 measures its KL to them (not to the resumed ones).
+    resume = load_resume_config(summary.run_dir, ["run.steps=3", f"env.id={FAKE_ENV_ID}"])
+    run_train(resume, resume=True)
+    rows = [r for r in read_metrics(summary.run_dir / "metrics.jsonl") if "train/skipped" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[1]["train/skipped"] == 0.0 and rows[2]["train/skipped"] == 0.0
+    assert rows[2]["train/ref_kl"] > 0
+    assert rows[2]["sync/parity_max_abs_diff"] < 1e-3

@@ -1,6 +1,9 @@
 """One rank of the FSDP2 equivalence test (run by test_fsdp.py as a subprocess).
 
-Usage: python fsdp_worker.py OUT_DIR RANK WORLD_SIZE PORT MODEL_PATH
+Usage: python fsdp_worker.py OUT_DIR RANK WORLD_SIZE PORT MODEL_PATH [KL_COEF]
+
+With KL_COEF > 0 the loss has a KL penalty to the frozen reference (sharded like the policy),
+and the worker takes two steps (the KL is 0 at the first) and saves the reference's weights.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from trainer_helpers import make_batch
 
 from tir_rl import distributed as tdist
 from tir_rl.trainer import Trainer, checkpoint
+from tir_rl.trainer.loss import GRPOLoss
 
 # Rank 0's half is short (one packed row), rank 1's is long (several rows), so the ranks run
 # different numbers of micro-batches and the empty passes are exercised.
@@ -20,26 +24,35 @@ SHAPES = ((3, [4]), (2, [3]), (10, [12, 9]), (8, [14]))
 ADVANTAGES = torch.tensor([1.0, -1.0, 0.5, -0.25])
 
 
-def main(out: Path, rank: int, world_size: int, port: int, model: str) -> None:
+def main(out: Path, rank: int, world_size: int, port: int, model: str, kl_coef: float) -> None:
     # One GPU per rank when there are enough, else CPU; the backend follows the device.
     use_cuda = torch.cuda.device_count() >= world_size
     device = torch.device("cuda", rank) if use_cuda else torch.device("cpu")
     tdist.init_process_group(device=device, rank=rank, world_size=world_size, master_port=port)
     config = Trainer.Config(model=model, lr=1e-3, micro_batch_tokens=24, device=str(device))
-    trainer = Trainer(config)
+    trainer = Trainer(config, loss_fn=GRPOLoss(GRPOLoss.Config(kl_coef=kl_coef)))
     assert trainer.sharded == (world_size > 1)
+    if trainer.reference is not None and trainer.sharded:
+        from torch.distributed.tensor import DTensor
+
+        assert all(isinstance(p, DTensor) for p in trainer.reference.model.parameters())
     batch = make_batch(seed=1, shapes=SHAPES)
     per = batch.num_sequences // world_size
-    result = trainer.train_step(
-        batch.shard(rank, world_size), ADVANTAGES[rank * per : (rank + 1) * per]
-    )
+    for _ in range(2 if kl_coef > 0 else 1):
+        result = trainer.train_step(
+            batch.shard(rank, world_size), ADVANTAGES[rank * per : (rank + 1) * per]
+        )
     state = trainer.rank0_full_state_dict()
+    reference_state = (
+        tdist.full_model_state_dict(trainer.reference.model) if trainer.reference else {}
+    )
     path = checkpoint.save(out / "ckpt", trainer, data_position=3)
     resumed = checkpoint.load(path, trainer)
     assert resumed.data_position == 3
     if rank == 0:
         torch.save({"state": state, "loss": result.loss, "grad_norm": result.grad_norm,
-                    "metrics": result.metrics}, out / "result.pt")  # fmt: skip
+                    "metrics": result.metrics, "reference_state": reference_state},
+                   out / "result.pt")  # fmt: skip
     else:
         assert state == {}
     tdist.destroy_process_group()
@@ -47,4 +60,5 @@ def main(out: Path, rank: int, world_size: int, port: int, model: str) -> None:
 
 if __name__ == "__main__":
     out_dir, rank_, world, port_, model_path = sys.argv[1:6]
-    main(Path(out_dir), int(rank_), int(world), int(port_), model_path)
+    kl = float(sys.argv[6]) if len(sys.argv) > 6 else 0.0
+    main(Path(out_dir), int(rank_), int(world), int(port_), model_path, kl)

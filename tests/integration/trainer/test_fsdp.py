@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from tir_rl.distributed import free_port
@@ -14,13 +15,14 @@ from tir_rl.distributed import free_port
 WORKER = Path(__file__).with_name("fsdp_worker.py")
 
 
-def run_ranks(out: Path, world_size: int, model: Path) -> dict:
+def run_ranks(out: Path, world_size: int, model: Path, *, kl_coef: float = 0.0) -> dict:
     out.mkdir()
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    args = [str(out), "", str(world_size), str(port), str(model), str(kl_coef)]
     procs = [
         subprocess.Popen(
-            [sys.executable, str(WORKER), str(out), str(r), str(world_size), str(port), str(model)],
+            [sys.executable, str(WORKER), *args[:1], str(r), *args[2:]],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -63,3 +65,21 @@ def _initial_state(path: Path) -> dict[str, torch.Tensor]:
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def test_two_ranks_with_a_kl_penalty_give_one_ranks_update_and_keep_the_reference(
+    tmp_path, tiny_model_path
+):
+    one = run_ranks(tmp_path / "ws1", 1, tiny_model_path, kl_coef=0.5)
+    two = run_ranks(tmp_path / "ws2", 2, tiny_model_path, kl_coef=0.5)
+    # The second step's KL to the (sharded) reference is the same global token mean.
+    assert one["metrics"]["train/ref_kl"] > 0
+    assert two["metrics"]["train/ref_kl"] == pytest.approx(one["metrics"]["train/ref_kl"], rel=1e-4)
+    assert abs(one["loss"] - two["loss"]) < 1e-6
+    initial = _initial_state(tiny_model_path)
+    for name, p1 in one["state"].items():
+        assert torch.allclose(p1, two["state"][name], atol=1e-5, rtol=0), name
+    for run in (one, two):  # the reference is still the starting weights, bit for bit
+        assert run["reference_state"].keys() == initial.keys()
+        for name, tensor in run["reference_state"].items():
+            assert torch.equal(tensor, initial[name]), name
