@@ -117,9 +117,10 @@ class ChatFormat:
         super().__init_subclass__(**kwargs)
         ChatFormat._families[cls.name] = cls
 
-    def __new__(cls, tokenizer: Tokenizer, **kwargs: Any) -> ChatFormat:  # noqa: D102 (dispatch, see the class docstring)
-        if cls is not ChatFormat:
+    def __new__(cls, *args: Any, **kwargs: Any) -> ChatFormat:  # noqa: D102 (dispatch, see the class docstring)
+        if cls is not ChatFormat:  # a family class, built directly (or copied)
             return super().__new__(cls)
+        tokenizer = args[0] if args else kwargs["tokenizer"]
         config = kwargs.get("config") or ChatFormat.Config()
         return super().__new__(ChatFormat._families[resolve_format(tokenizer, config.format)])
 
