@@ -124,3 +124,19 @@ def test_a_kl_penalty_is_refused_at_load_time_until_a_reference_model_exists():
     with pytest.raises(ConfigError, match=r"loss.kl_coef=0.1: .*not supported.*Set loss.kl_coef=0"):
         config.load(RunConfig, None, ["loss.kl_coef=0.1"])
     assert config.load(RunConfig, None, ["loss.kl_coef=0"]).loss.kl_coef == 0.0
+
+
+def test_the_chat_section_sets_the_format_and_its_options():
+    from tir_rl.chat import ChatFormatName
+    from tir_rl.run_config import RunConfig
+
+    cfg = config.load(
+        RunConfig,
+        None,
+        ["chat.format=llama3", "chat.system_prompt=Be brief.", "chat.extra_stop_token_ids=[7, 9]"],
+    )
+    assert cfg.chat.format is ChatFormatName.LLAMA3
+    assert (cfg.chat.system_prompt, cfg.chat.extra_stop_token_ids) == ("Be brief.", (7, 9))
+    assert config.load(RunConfig, None).chat.format is ChatFormatName.AUTO
+    with pytest.raises(ConfigError, match="chat.format"):
+        config.load(RunConfig, None, ["chat.format=llama2"])
