@@ -194,6 +194,21 @@ def test_llama3_parse_errors_have_the_hermes_kinds(llama_tok, text, kind):
     assert parsed.items == (error,)
 
 
+def test_a_llama3_conversation_gives_the_env_its_json_calls(llama_tok):
+    fmt = Llama3Format(llama_tok)
+    conv = fmt.conversation([Message.user("2+3?")])
+    call = '{"name": "add", "parameters": {"a": 2, "b": 3}}'
+    ids = encode(llama_tok, call) + [fmt.end_of_turn_id]
+    conv.append_sampled(ids, [0.0] * len(ids))
+    action = conv.messages[-1]  # what env.step gets
+    assert action.blocks == (ToolCall("add", {"a": 2, "b": 3}),)
+    broken = fmt.conversation([Message.user("2+3?")])
+    ids = encode(llama_tok, '{"name": "add", "parameters": 5}')
+    broken.append_sampled(ids, [0.0] * len(ids))
+    (block,) = broken.messages[-1].blocks
+    assert block.error is not None and "parameters" in block.content
+
+
 def test_llama3_hand_built_call_with_prose_is_refused(llama_tok):
     fmt = Llama3Format(llama_tok)
     with pytest.raises(ChatFormatError, match="JSON only"):

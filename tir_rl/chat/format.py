@@ -307,11 +307,9 @@ class ChatFormat:
         return self.groups_tool_results if given is None else given
 
     def _end(self) -> list[Piece]:
-        return (
-            [self.end_of_turn_id, Text(self.turn_separator)]
-            if self.turn_separator
-            else [self.end_of_turn_id]
-        )
+        """Pieces that close a turn: the end-of-turn token, then the separator if any."""
+        separator: list[Piece] = [Text(self.turn_separator)] if self.turn_separator else []
+        return [self.end_of_turn_id, *separator]
 
     def _conversation_pieces(
         self, messages: Sequence[Message], generation_prompt: bool, continue_final: bool
