@@ -181,6 +181,9 @@ def test_demonstrations_render_in_the_configured_chat_format():
     assert text.startswith("<|begin_of_text|><|start_header_id|>system<|end_header_id|>")
     assert '<|end_header_id|>\n\n{"name": "lookup", "parameters": {' in text
     assert "<|start_header_id|>ipython<|end_header_id|>" in text
+    overrides = ["data.num_demos=1", "chat.tool_instructions=TOOLS {tools}", "model=tiny"]
+    (built,) = build_demonstrations(load_sft_config(CONFIG, overrides), tokenizer)
+    assert "\n\nTOOLS {" in tokenizer.decode(built.token_ids)  # the config's chat section
     base = load_sft_config(CONFIG)
     assert base.config_hash() == load_sft_config(CONFIG, ["chat.format=auto"]).config_hash()
     assert base.config_hash() != load_sft_config(CONFIG, ["chat.format=llama3"]).config_hash()
