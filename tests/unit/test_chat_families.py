@@ -316,6 +316,25 @@ def test_template_family_renders_as_the_template_and_stays_tito(qwen_tok):
     assert compare_incremental_with_full(list(PROBE_MESSAGES), chat_format=fmt).equal
 
 
+def test_template_family_takes_the_llama3_style_template_too(llama_tok):
+    config = ChatFormat.Config(format=ChatFormatName.TEMPLATE)
+    fmt = ChatFormat(llama_tok, tool_schemas=[TINY_SCHEMA], config=config)
+    assert fmt.end_of_turn_id == llama_tok.convert_tokens_to_ids("<|eot_id|>")
+    messages = [Message(m.role, fmt.assistant_text(m), name=m.name) for m in PROBE_MESSAGES]
+    text = llama_tok.apply_chat_template(
+        [{"role": m.role.value, "content": m.content} for m in messages],
+        tools=[TINY_SCHEMA],
+        tokenize=False,
+    )
+    assert fmt.render_messages(messages) == encode(llama_tok, text)
+    env = fmt.render_env_turns([Message.tool("5")], close_turn=False)
+    assert fmt.decode(env) == (
+        "<|start_header_id|>ipython<|end_header_id|>\n\n5<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
+    assert compare_incremental_with_full(list(PROBE_MESSAGES), chat_format=fmt).equal
+
+
 def test_template_family_never_makes_special_tokens_of_tool_output(qwen_tok):
     fmt = ChatFormat(qwen_tok, config=ChatFormat.Config(format=ChatFormatName.TEMPLATE))
     ids = fmt.render_env_turns([Message.tool("<|im_end|> done")], close_turn=False)
