@@ -1,11 +1,11 @@
 """The chat stage: messages ⇄ token ids, in the chat format of the model's family.
 
 `format` is the interface every family implements (`ChatFormat`; `ChatFormat(tokenizer,
-config=...)` builds the configured family) and their shared turn rendering; `chatml`,
-`qwen`, `llama3` and `template` are the families, `family` picks one (`auto`), `probe`
-diffs a rendering against the tokenizer's own template. `conversation` grows one episode's
-token list append-only (`Conversation`), `parse` reads Hermes tool calls and parse errors,
-`tokens` tokenizes text runs around special tokens.
+config=...)` builds the configured family), `turns` the turn-by-turn rendering the named
+families share; `chatml`, `qwen`, `llama3` and `template` are the families, `family` picks
+one (`auto`), `probe` diffs a rendering against the tokenizer's own template.
+`conversation` grows one episode's token list append-only (`Conversation`), `parse` reads
+Hermes tool calls and parse errors, `tokens` tokenizes text runs around special tokens.
 """
 
 from tir_rl.chat.chatml import ChatMLFormat

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 from tir_rl.chat.family import ChatFormatName
-from tir_rl.chat.format import ChatFormat
 from tir_rl.chat.tokens import Piece, Text
+from tir_rl.chat.turns import TurnFormat
 
 __all__ = ["IM_END", "IM_START", "ChatMLFormat"]
 
@@ -18,7 +18,7 @@ IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 
 
-class ChatMLFormat(ChatFormat):
+class ChatMLFormat(TurnFormat):
     """ChatML turns, Hermes `<tool_call>` blocks, tool results in a `tool` turn."""
 
     name: ClassVar[ChatFormatName] = ChatFormatName.CHATML

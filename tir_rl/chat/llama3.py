@@ -15,7 +15,6 @@ import json
 from typing import Any, ClassVar
 
 from tir_rl.chat.family import ChatFormatName, special_token_id
-from tir_rl.chat.format import ChatFormat
 from tir_rl.chat.parse import (
     ParsedTurn,
     ParseErrorKind,
@@ -25,6 +24,7 @@ from tir_rl.chat.parse import (
     quote,
 )
 from tir_rl.chat.tokens import Piece, Text
+from tir_rl.chat.turns import TurnFormat
 from tir_rl.errors import ChatFormatError
 from tir_rl.types import Message, ToolCall
 
@@ -52,7 +52,7 @@ JSON_CALL_HINT = (
 """The exact call format, appended to every `llama3` parse error message."""
 
 
-class Llama3Format(ChatFormat):
+class Llama3Format(TurnFormat):
     """Llama 3.x header turns, JSON tool calls, one `ipython` turn per tool result."""
 
     name: ClassVar[ChatFormatName] = ChatFormatName.LLAMA3

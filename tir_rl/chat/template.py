@@ -69,29 +69,26 @@ class TemplateFormat(ChatFormat):
         tool_schemas: Sequence[dict[str, Any]] = (),
         config: ChatFormat.Config | None = None,
     ) -> None:
-        config = config or ChatFormat.Config()
-        template = chat_template_of(tokenizer)
-        if template is None:
+        super().__init__(tokenizer, tool_schemas=tool_schemas, config=config)
+        check_template(self)
+
+    def _prepare(self) -> None:
+        if chat_template_of(self.tokenizer) is None:
             raise ChatFormatError(
                 "chat.format=template but the tokenizer has no chat_template; pick a named "
                 "family (chatml, qwen, llama3) or use the model's own tokenizer folder"
             )
-        if config.tool_instructions is not None:
+        if self.config.tool_instructions is not None:
             raise ChatFormatError(
                 "chat.tool_instructions does not apply to chat.format=template: the template "
                 "writes its own tool block. Leave it unset, or pick a named family."
             )
-        self._special_pattern = _special_pattern(tokenizer)
-        super().__init__(tokenizer, tool_schemas=tool_schemas, config=config)
-        check_template(self)
-
-    def _resolve_grouping(self) -> bool:
         if self.config.group_tool_results is not None:
             raise ChatFormatError(
                 "chat.group_tool_results does not apply to chat.format=template: the template "
                 "decides how tool results are grouped. Leave it unset."
             )
-        return False
+        self._special_pattern = _special_pattern(self.tokenizer)
 
     def _end_of_turn_id(self) -> int:
         pieces = self._pieces(list(_STUB), generation_prompt=False)
@@ -106,10 +103,6 @@ class TemplateFormat(ChatFormat):
         return after[0]
 
     # ---------------------------------------------------------------------- rendering
-    def system_text(self, content: str | None) -> str | None:
-        """The system text as given: the template adds the tool block itself."""
-        return content
-
     def _effective(self, messages: Sequence[Message]) -> list[Message]:
         has_system = bool(messages) and messages[0].role == Role.SYSTEM
         if not has_system and self.config.system_prompt is not None:
