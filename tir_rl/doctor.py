@@ -18,6 +18,7 @@ from tir_rl.run_config import RunConfig
 from tir_rl.types import Trajectory
 
 if TYPE_CHECKING:
+    from tir_rl.chat import ChatFormat
     from tir_rl.engine.base import Engine
     from tir_rl.mismatch.injection import MismatchInjection
 
@@ -157,6 +158,47 @@ def rendering_findings(trajectories: Sequence[Trajectory], chat_format: Any) -> 
     return out
 
 
+def template_finding(chat_format: ChatFormat) -> Finding:
+    """Our rendering against the tokenizer's own chat template, on the probe conversation.
+
+    PASS when the token ids are identical (or the tokenizer has no template to compare
+    with), WARN naming the first differing token and the two texts there otherwise.
+    """
+    from tir_rl.chat import template_diff
+    from tir_rl.chat.family import chat_template_of
+    from tir_rl.errors import ChatFormatError
+
+    check = "chat template"
+    family = chat_format.name.value
+    if chat_template_of(chat_format.tokenizer) is None:
+        return Finding(
+            check, Verdict.PASS,
+            f"chat.format={family}; the tokenizer has no chat_template to compare with",
+        )  # fmt: skip
+    fix = (
+        "tir-rl trains on its own rendering (TITO), so rollouts and training agree; the model "
+        "was tuned on its template's. Check the difference against the known ones in "
+        "docs/bring_your_model.md; otherwise set chat.format to the family the model was "
+        "trained with (chatml, qwen, llama3, template)"
+    )
+    try:
+        diff = template_diff(chat_format)
+    except ChatFormatError as exc:
+        return Finding(check, Verdict.WARN, f"chat.format={family}: {exc}", fix)
+    if diff is None:
+        return Finding(
+            check, Verdict.PASS,
+            f"chat.format={family} renders the probe conversation exactly as the tokenizer's "
+            "chat_template",
+        )  # fmt: skip
+    return Finding(
+        check, Verdict.WARN,
+        f"chat.format={family} differs from the tokenizer's chat_template on the probe "
+        f"conversation, {diff.describe('ours', 'template')}",
+        fix,
+    )  # fmt: skip
+
+
 def measured_finding(metrics: dict[str, float], num_episodes: int) -> Finding:
     """Verdict on the measured sampler/trainer gap over real rollouts."""
     worst = metrics.get("mismatch/abs_diff_max", float("nan"))
@@ -226,6 +268,7 @@ def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
         _, info = env.reset(seed=0)
         env.close()
         chat_format = runtime.rollout.chat_format_for(ResetInfo.from_info(info).tool_schemas)
+        findings.append(template_finding(chat_format))
         specs = task_specs(factory, num_tasks=num_episodes, group_size=1)
         trajectories = [t for t in runtime.run_episodes(specs) if t.num_model_tokens > 0]
         if not trajectories:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tir_rl.chat import ChatFormat
 from tir_rl.config.reference import reference
 from tir_rl.engine.choice import EngineConfig
 from tir_rl.errors import ConfigError
@@ -125,6 +126,9 @@ class RunConfig:
     env: EnvSection = field(default_factory=EnvSection)
     engine: EngineConfig = field(default_factory=lambda: EngineConfig(model_path=FOLLOWS_MODEL))
     rollout: Rollout.Config = field(default_factory=Rollout.Config)
+    chat: ChatFormat.Config = field(default_factory=ChatFormat.Config)
+    """The chat format (docs/chat-format.md, docs/bring_your_model.md): its family and the
+    system prompt and tool block it renders."""
     trainer: Trainer.Config = field(default_factory=lambda: Trainer.Config(model=FOLLOWS_MODEL))
     loss: GRPOLoss.Config = field(default_factory=GRPOLoss.Config)
     correction: MismatchCorrection.Config = field(default_factory=MismatchCorrection.Config)

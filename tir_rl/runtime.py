@@ -85,7 +85,7 @@ def open_runtime(config: RunConfig) -> Iterator[Runtime]:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     engine = build_engine(config.engine, model_path)
     try:
-        rollout = Rollout(engine, tokenizer, config.rollout)
+        rollout = Rollout(engine, tokenizer, config.rollout, chat_config=config.chat)
         runtime = Runtime(config, model_path, tokenizer, engine, rollout)
         yield runtime
     finally:

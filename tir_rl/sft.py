@@ -4,7 +4,7 @@ A policy that never calls a tool gets reward 0 on every sample, so GRPO has no s
 step fine-tunes it on demonstrations first::
 
     env.reset ──► env.demonstration(task) ──► each assistant turn's text "sampled" into a
-        Conversation (the tokenizer's own ids + <|im_end|>, mask 1) ──► env.step(message)
+        Conversation (the tokenizer's own ids + end of turn, mask 1) ──► env.step(message)
         ──► the env's own tool messages appended (mask 0) ──► ... ──► reward must be full
     demos ──► cross-entropy on mask-1 tokens (AdamW, fp32) ──► HF checkpoint (model + tokenizer)
 
@@ -12,8 +12,8 @@ The optimizer, gradient clipping and seeding are the RL trainer's (`tir_rl.train
 checkpoint folder is written as a training checkpoint's model is (`tir_rl.trainer.checkpoint`).
 
 The token ids and loss mask of a demonstration are exactly those a rollout builds for the
-same assistant texts: the same `ChatFormat` (system prompt, tool schemas from
-`ResetInfo.tool_schemas`, default chat config) and the same `Conversation` calls as
+same assistant texts: the same `ChatFormat` (the `chat` section, which should be the RL
+run's, and tool schemas from `ResetInfo.tool_schemas`) and the same `Conversation` calls as
 `tir_rl.rollout.episode`. Demonstrations come from the train split only.
 
 Shared prefix: every demonstration of one environment starts with the same system turn
@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tir_rl.chat import ChatFormat
 from tir_rl.config import to_dict
 from tir_rl.errors import ConfigError, TirError
 from tir_rl.trainer import checkpoint
@@ -147,6 +148,9 @@ class SFTConfig:
     env: SFTEnvSection = field(default_factory=SFTEnvSection)
     data: SFTDataSection = field(default_factory=SFTDataSection)
     train: SFTTrainSection = field(default_factory=SFTTrainSection)
+    chat: ChatFormat.Config = field(default_factory=ChatFormat.Config)
+    """The chat format the demonstrations are rendered in: use the same as the RL run's
+    `chat` section, so that SFT teaches the turns the rollouts will render."""
 
     def validate(self) -> None:
         """Check every section."""
@@ -158,6 +162,8 @@ class SFTConfig:
         """Hash of everything that shapes the checkpoint (the output folder excluded)."""
         tree = to_dict(self)
         tree.pop("output_dir")
+        if self.chat == ChatFormat.Config():  # the default renders as before `chat` existed
+            tree.pop("chat")
         blob = json.dumps(tree, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -267,18 +273,30 @@ def demonstration_seed(seed: int, index: int) -> int:
     return zlib.crc32(f"tir_rl/sft/{seed}/{index}".encode()) & 0x7FFFFFFF
 
 
-def play_demonstration(env: ToolEnv, tokenizer: Tokenizer, *, seed: int) -> Demonstration:
+def play_demonstration(
+    env: ToolEnv,
+    tokenizer: Tokenizer,
+    *,
+    seed: int,
+    chat_config: ChatFormat.Config | None = None,
+) -> Demonstration:
     """Reset `env`, play its oracle's turns through `step`, render like a rollout.
+
+    Args:
+        env: The environment, with a `demonstration` oracle.
+        tokenizer: The model's tokenizer.
+        seed: Reset seed of the task.
+        chat_config: The chat format (default: `auto`, as a run's default `chat` section).
 
     Raises:
         TirError: The oracle's episode did not end with full reward (a broken oracle).
+        ChatFormatError: The tokenizer cannot carry the configured chat format.
     """
-    from tir_rl.chat import ChatFormat
     from tir_rl.envs.episode import ResetInfo
 
     messages, reset_info = env.reset(seed=seed)
     info = ResetInfo.from_info(reset_info)
-    fmt = ChatFormat(tokenizer, tool_schemas=info.tool_schemas)
+    fmt = ChatFormat(tokenizer, tool_schemas=info.tool_schemas, config=chat_config)
     conv = fmt.conversation(messages)
     turns = env.demonstration(info.task)
     reward, terminated = 0.0, False
@@ -322,7 +340,9 @@ def build_demonstrations(config: SFTConfig, tokenizer: Tokenizer) -> list[Demons
                 kwargs = {**config.env.kwargs, **extra, "split": "train"}
                 envs[horizon] = build(**kwargs).unwrapped
             seed = demonstration_seed(config.data.seed, i)
-            demos.append(play_demonstration(envs[horizon], tokenizer, seed=seed))
+            demos.append(
+                play_demonstration(envs[horizon], tokenizer, seed=seed, chat_config=config.chat)
+            )
     except NotImplementedError as exc:
         raise ConfigError(f"{config.env.id} has no demonstration oracle: {exc}") from exc
     finally:

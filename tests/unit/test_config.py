@@ -130,3 +130,19 @@ def test_a_kl_penalty_loads_and_a_reference_model_without_one_is_refused():
         ConfigError, match=r"trainer.reference_model='tiny' is set but loss.kl_coef"
     ):
         config.load(RunConfig, None, ["trainer.reference_model=tiny"])
+
+
+def test_the_chat_section_sets_the_format_and_its_options():
+    from tir_rl.chat import ChatFormatName
+    from tir_rl.run_config import RunConfig
+
+    cfg = config.load(
+        RunConfig,
+        None,
+        ["chat.format=llama3", "chat.system_prompt=Be brief.", "chat.extra_stop_token_ids=[7, 9]"],
+    )
+    assert cfg.chat.format is ChatFormatName.LLAMA3
+    assert (cfg.chat.system_prompt, cfg.chat.extra_stop_token_ids) == ("Be brief.", (7, 9))
+    assert config.load(RunConfig, None).chat.format is ChatFormatName.AUTO
+    with pytest.raises(ConfigError, match="chat.format"):
+        config.load(RunConfig, None, ["chat.format=llama2"])

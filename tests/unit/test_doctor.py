@@ -1,4 +1,5 @@
 import dataclasses
+import re
 
 from tir_rl.config import load
 from tir_rl.doctor import (
@@ -8,6 +9,7 @@ from tir_rl.doctor import (
     format_findings,
     measured_finding,
     static_findings,
+    template_finding,
 )
 from tir_rl.run_config import RunConfig
 from tir_rl.types import Trajectory
@@ -106,3 +108,53 @@ def test_retokenization_drift_is_detected_on_model_tokens_only():
     assert _retokenization_drifts(trajectory([1, 1, 99], [1, 1, 1]), fmt)
     # the mask-0 token in the middle is not the model's: [2, 1] is canonical
     assert not _retokenization_drifts(trajectory([2, 1, 1], [1, 0, 1]), fmt)
+
+
+# --------------------------------------------------------- our rendering vs the template
+def chat_format(tokenizer, family=None):
+    from tir_rl.chat import ChatFormat, ChatFormatName
+    from tir_rl.chat.probe import PROBE_TOOL_SCHEMA
+
+    config = ChatFormat.Config(format=ChatFormatName(family or "auto"))
+    return ChatFormat(tokenizer, tool_schemas=[PROBE_TOOL_SCHEMA], config=config)
+
+
+def test_template_check_passes_when_the_rendering_equals_the_template():
+    from chat_tokenizers import llama3_tokenizer, qwen_tokenizer
+
+    for tokenizer in (qwen_tokenizer(), llama3_tokenizer()):
+        finding = template_finding(chat_format(tokenizer))
+        assert finding.verdict is Verdict.PASS, finding.detail
+        assert "exactly as the tokenizer's chat_template" in finding.detail
+
+
+def test_template_check_warns_naming_the_first_differing_token_and_the_texts():
+    from chat_tokenizers import qwen_tokenizer
+
+    # chatml on a Qwen tokenizer: tool results in a `tool` turn, where Qwen writes `user`
+    finding = template_finding(chat_format(qwen_tokenizer(), "chatml"))
+    assert finding.verdict is Verdict.WARN
+    assert re.search(r"first difference at token \d+", finding.detail)
+    assert "<|im_start|>tool" in finding.detail and "<|im_start|>user" in finding.detail
+    assert "chat.format" in finding.fix
+
+
+def test_template_check_reports_that_qwen3_reasoning_is_kept():
+    from chat_tokenizers import qwen_tokenizer
+    from test_chat_families import QWEN3_STYLE_TEMPLATE
+
+    finding = template_finding(chat_format(qwen_tokenizer(template=QWEN3_STYLE_TEMPLATE)))
+    assert finding.verdict is Verdict.WARN
+    assert "chat.format=qwen" in finding.detail
+    assert "<think>" in finding.detail  # ours keeps it, the template dropped it
+
+
+def test_template_check_passes_without_a_template_and_warns_on_a_failing_one():
+    from chat_tokenizers import bundled_tokenizer, qwen_tokenizer
+
+    tokenizer = bundled_tokenizer()
+    tokenizer.chat_template = None
+    finding = template_finding(chat_format(tokenizer))
+    assert finding.verdict is Verdict.PASS and "no chat_template" in finding.detail
+    broken = template_finding(chat_format(qwen_tokenizer(template="{{ raise_exception('no') }}")))
+    assert broken.verdict is Verdict.WARN and "failed on the probe" in broken.detail

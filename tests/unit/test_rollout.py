@@ -352,3 +352,27 @@ def test_env_whose_info_is_not_a_dict_ends_that_episode_with_the_reason(tokenize
     (traj,) = rollout.run_batch_sync(specs(1, make=TypedStepInfoEnv))
     assert traj.status == RolloutStatus.ERROR_TOOL
     assert "info must be a dict (the Gymnasium API), got StepInfo" in traj.error
+
+
+# ---------------------------------------------------------------------------- chat format
+def test_the_rollout_renders_in_the_configured_chat_format(tokenizer):
+    from tir_rl.chat import ChatFormatName
+
+    engine = FakeEngine(tokenizer, lambda ep, turn: ANSWER)
+    chat = ChatFormat.Config(format=ChatFormatName.CHATML, tool_instructions="TOOLS:\n{tools}")
+    rollout = Rollout(engine, tokenizer, chat_config=chat)
+    (traj,) = rollout.run_batch_sync(specs(1))
+    assert traj.status == RolloutStatus.FINISHED, traj.error
+    prompt = rollout.chat_format_for(FakeToolEnv().tools.json_schemas).decode(traj.prompt_ids)
+    assert "\n\nTOOLS:\n{" in prompt and "# Tools" not in prompt
+
+
+def test_a_chat_format_the_tokenizer_cannot_carry_stops_the_rollout_before_it_starts(tokenizer):
+    from tir_rl.chat import ChatFormatName
+    from tir_rl.errors import ChatFormatError
+
+    engine = FakeEngine(tokenizer, lambda ep, turn: ANSWER)
+    chat = ChatFormat.Config(format=ChatFormatName.LLAMA3)
+    with pytest.raises(ChatFormatError, match="<\\|begin_of_text\\|>"):
+        Rollout(engine, tokenizer, chat_config=chat)
+    assert engine.requests == []

@@ -167,6 +167,28 @@ def test_config_hash_ignores_output_dir_and_sees_training_fields():
         load_sft_config(CONFIG, ["env.kwargs={split: test}"])
 
 
+def test_demonstrations_render_in_the_configured_chat_format():
+    from chat_tokenizers import llama3_tokenizer
+
+    from tir_rl.chat import ChatFormatName
+
+    tokenizer = llama3_tokenizer()
+    chat = ChatFormat.Config(format=ChatFormatName.LLAMA3)
+    # the oracle's calls are written as Llama 3 JSON and read back by the env: full reward
+    demo = play_demonstration(MultiHopEnv(horizon=2), tokenizer, seed=3, chat_config=chat)
+    assert demo.reward == 1.0
+    text = tokenizer.decode(demo.token_ids)
+    assert text.startswith("<|begin_of_text|><|start_header_id|>system<|end_header_id|>")
+    assert '<|end_header_id|>\n\n{"name": "lookup", "parameters": {' in text
+    assert "<|start_header_id|>ipython<|end_header_id|>" in text
+    overrides = ["data.num_demos=1", "chat.tool_instructions=TOOLS {tools}", "model=tiny"]
+    (built,) = build_demonstrations(load_sft_config(CONFIG, overrides), tokenizer)
+    assert "\n\nTOOLS {" in tokenizer.decode(built.token_ids)  # the config's chat section
+    base = load_sft_config(CONFIG)
+    assert base.config_hash() == load_sft_config(CONFIG, ["chat.format=auto"]).config_hash()
+    assert base.config_hash() != load_sft_config(CONFIG, ["chat.format=llama3"]).config_hash()
+
+
 # --------------------------------------------------------------------- a tiny real run
 def test_prefix_cached_loss_equals_the_full_forward_loss(tokenizer):
     config = load_sft_config(CONFIG, ["data.num_demos=3", "model=tiny"])

@@ -16,17 +16,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tir_rl.chat.parse import assistant_message
 from tir_rl.errors import ChatFormatError
 from tir_rl.types import Message, Role, Trajectory
 
 
 class ConversationFormat(Protocol):
-    """What a `Conversation` needs from its chat format (`tir_rl.chat.ChatFormat` is one)."""
+    """What a `Conversation` needs from its chat format (every `tir_rl.chat.ChatFormat`)."""
 
     @property
     def end_of_turn_id(self) -> int:
         """The token that closes a turn."""
+        ...
+
+    def message_from_text(self, text: str) -> Message:
+        """The assistant message of sampled text, its tool calls parsed."""
         ...
 
     def render_prompt(self, messages: Sequence[Message]) -> list[int]:
@@ -115,7 +118,7 @@ class Conversation:
 
     @property
     def current_turn_closed(self) -> bool:
-        """Whether the current assistant turn ended with a sampled `<|im_end|>`."""
+        """Whether the current assistant turn ended with a sampled end-of-turn token."""
         return bool(self._turn_tokens) and self._turn_tokens[-1] == self.chat_format.end_of_turn_id
 
     @property
@@ -208,8 +211,7 @@ class Conversation:
         ids = self._turn_tokens
         if ids and ids[-1] == self.chat_format.end_of_turn_id:
             ids = ids[:-1]
-        text = self.chat_format.decode(ids)
-        return assistant_message(text)
+        return self.chat_format.message_from_text(self.chat_format.decode(ids))
 
 
 @dataclass(frozen=True)

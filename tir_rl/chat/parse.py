@@ -114,13 +114,14 @@ def tool_result_message(result: ToolResult) -> Message:
     return Message.tool(result.content, name=result.name or None)
 
 
-def assistant_message(text: str) -> Message:
+def assistant_message(text: str, *, parsed: ParsedTurn | None = None) -> Message:
     """The assistant message for model text: its calls and, in order, its malformed blocks.
 
     This is how an environment sees a sampled turn; build `env.step` actions with it when
-    they come from text.
+    they come from text. `parsed`: the turn as the chat format read it (default: Hermes
+    blocks, `parse_assistant_text`).
     """
-    parsed = parse_assistant_text(text)
+    parsed = parse_assistant_text(text) if parsed is None else parsed
     blocks = tuple(
         item.to_tool_result() if isinstance(item, ToolCallParseError) else item
         for item in parsed.items
@@ -160,26 +161,34 @@ def parse_assistant_text(text: str) -> ParsedTurn:
     return ParsedTurn("".join(prose).strip(), calls, errors, tuple(items))
 
 
-def _quote(raw: str) -> str:
+def quote(raw: str) -> str:
+    """`raw` stripped and cut to a readable length, for error messages."""
     raw = raw.strip()
     if len(raw) > _MAX_QUOTED_CHARS:
         return raw[:_MAX_QUOTED_CHARS] + "..."
     return raw
 
 
-def _error(
-    kind: ParseErrorKind, problem: str, raw: str, index: int, name: str | None = None
+def parse_error(
+    kind: ParseErrorKind,
+    problem: str,
+    raw: str,
+    index: int,
+    name: str | None = None,
+    *,
+    hint: str = CALL_FORMAT_HINT,
 ) -> ToolCallParseError:
-    message = f"Tool call {index + 1} could not be parsed: {problem}\n{CALL_FORMAT_HINT}"
+    """A parse error whose message states the problem, then the exact call format `hint`."""
+    message = f"Tool call {index + 1} could not be parsed: {problem}\n{hint}"
     return ToolCallParseError(kind, message, raw, index, name)
 
 
 def _unclosed(raw: str, index: int) -> ToolCallParseError:
     problem = (
         f"{TOOL_CALL_OPEN} was never closed with {TOOL_CALL_CLOSE} (the turn may have hit "
-        f"the token limit; keep calls short). You wrote: {_quote(raw)!r}"
+        f"the token limit; keep calls short). You wrote: {quote(raw)!r}"
     )
-    return _error(ParseErrorKind.UNCLOSED_TAG, problem, raw, index)
+    return parse_error(ParseErrorKind.UNCLOSED_TAG, problem, raw, index)
 
 
 def _parse_block(raw: str, index: int) -> ToolCall | ToolCallParseError:
@@ -190,29 +199,53 @@ def _parse_block(raw: str, index: int) -> ToolCall | ToolCallParseError:
     try:
         obj: Any = json.loads(body)
     except json.JSONDecodeError as exc:
-        problem = f"the body is not valid JSON ({exc}). You wrote: {_quote(raw)!r}"
-        return _error(ParseErrorKind.INVALID_JSON, problem, raw, index)
+        problem = f"the body is not valid JSON ({exc}). You wrote: {quote(raw)!r}"
+        return parse_error(ParseErrorKind.INVALID_JSON, problem, raw, index)
+    return call_from_object(obj, raw, index)
+
+
+def call_from_object(
+    obj: Any,
+    raw: str,
+    index: int,
+    *,
+    arguments_keys: tuple[str, ...] = ("arguments",),
+    hint: str = CALL_FORMAT_HINT,
+) -> ToolCall | ToolCallParseError:
+    """A decoded call object as a `ToolCall`, or the error saying what is wrong with it.
+
+    Args:
+        obj: The decoded JSON.
+        raw: The call as written (quoted in errors).
+        index: Position of the call in its turn.
+        arguments_keys: Keys that may hold the arguments object, the documented one first
+            (Hermes: "arguments"; Llama 3: "parameters", "arguments" accepted too).
+        hint: The exact call format, appended to error messages.
+    """
     if not isinstance(obj, dict):
-        problem = f"expected a JSON object, got {_json_type(obj)}. You wrote: {_quote(raw)!r}"
-        return _error(ParseErrorKind.NOT_AN_OBJECT, problem, raw, index)
+        problem = f"expected a JSON object, got {_json_type(obj)}. You wrote: {quote(raw)!r}"
+        return parse_error(ParseErrorKind.NOT_AN_OBJECT, problem, raw, index, hint=hint)
     name = obj.get("name")
     if not isinstance(name, str) or not name.strip():
         what = 'has no "name"' if name is None else f'has "name" of type {_json_type(name)}'
         problem = f'the object {what}; "name" must be the tool name as a string.'
-        return _error(ParseErrorKind.MISSING_NAME, problem, raw, index)
-    arguments = obj.get("arguments", {})
+        return parse_error(ParseErrorKind.MISSING_NAME, problem, raw, index, hint=hint)
+    key = next((k for k in arguments_keys if k in obj), arguments_keys[0])
+    arguments = obj.get(key, {})
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except json.JSONDecodeError as exc:
-            problem = f'"arguments" is a string that is not valid JSON ({exc}).'
-            return _error(ParseErrorKind.INVALID_ARGUMENTS, problem, raw, index, name)
+            problem = f'"{key}" is a string that is not valid JSON ({exc}).'
+            return parse_error(
+                ParseErrorKind.INVALID_ARGUMENTS, problem, raw, index, name, hint=hint
+            )
     if not isinstance(arguments, dict):
         problem = (
-            f'"arguments" must be a JSON object mapping argument names to values, '
+            f'"{key}" must be a JSON object mapping argument names to values, '
             f"got {_json_type(arguments)}."
         )
-        return _error(ParseErrorKind.INVALID_ARGUMENTS, problem, raw, index, name)
+        return parse_error(ParseErrorKind.INVALID_ARGUMENTS, problem, raw, index, name, hint=hint)
     return ToolCall(name=name, arguments=arguments)
 
 

@@ -13,8 +13,8 @@
 Each assistant turn is its own `GenerateRequest`, so while one episode waits on a tool the
 engine keeps batching the other episodes' turns (continuous batching across episodes).
 
-Stop conditions are token ids, never strings: the chat format's end-of-turn tokens
-(`<|im_end|>`, EOS) always, and, with `Config.stop_at_tool_call_end`, the token ids of
+Stop conditions are token ids, never strings: the chat format's stop tokens (`<|im_end|>`
+or `<|eot_id|>`, EOS) always, and, with `Config.stop_at_tool_call_end`, the token ids of
 `</tool_call>` as a stop sequence. That option is off by default: Hermes lets a turn hold
 several calls, and a model may spell `</tool_call>` with other tokens than the tokenizer's
 own encoding (then the sequence never matches and the turn goes on to `<|im_end|>` anyway).
@@ -37,6 +37,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from tir_rl.chat import ChatFormat, ChatFormatName
 from tir_rl.errors import ConfigError
 from tir_rl.rollout.episode import (
     EnvFactory,
@@ -47,7 +48,6 @@ from tir_rl.rollout.episode import (
 from tir_rl.types import Trajectory
 
 if TYPE_CHECKING:
-    from tir_rl.chat import ChatFormat
     from tir_rl.chat.tokens import Tokenizer
     from tir_rl.engine.base import Engine
 
@@ -61,11 +61,13 @@ class Rollout:
         engine: The sampling engine (`VLLMLocalEngine`, `VLLMHttpEngine`, ...).
         tokenizer: The model's Hugging Face tokenizer (for the chat format).
         config: Episode limits and sampling settings.
-        chat_config: Chat format options (system prompt, tool block); the env's tool
-            schemas are added per episode.
+        chat_config: The chat format: its family (`auto`: detected from the tokenizer)
+            and options (system prompt, tool block); the env's tool schemas are added per
+            episode.
 
     Raises:
         ConfigError: A limit is invalid or exceeds the engine's context length.
+        ChatFormatError: The tokenizer cannot carry the configured chat format.
     """
 
     Config = RolloutConfig
@@ -82,7 +84,7 @@ class Rollout:
         self.config.validate()
         self.engine = engine
         self.tokenizer = tokenizer
-        self.chat_config = chat_config
+        self.chat_config = chat_config or ChatFormat.Config()
         engine_len = engine.model_info.max_model_len
         wanted = self.config.max_context_tokens
         if wanted is not None and wanted > engine_len:
@@ -93,19 +95,22 @@ class Rollout:
         self.max_context_tokens: int = wanted or engine_len
         """The context limit in force (the config's, or the engine's)."""
         self._formats: dict[str, ChatFormat] = {}
+        default_format = self.chat_format_for(())  # refuses an unsupported format up front
         self.stop_token_sequences: tuple[tuple[int, ...], ...] = ()
         """Multi-token stop sequences sent with every request."""
         if self.config.stop_at_tool_call_end:
-            from tir_rl.chat import ChatFormat
             from tir_rl.chat.parse import TOOL_CALL_CLOSE
 
-            close_ids = ChatFormat(tokenizer).encode_assistant_text(TOOL_CALL_CLOSE)
+            if default_format.name is ChatFormatName.LLAMA3:
+                raise ConfigError(
+                    "rollout.stop_at_tool_call_end needs a format with </tool_call> blocks; "
+                    "chat.format=llama3 writes JSON calls. Leave it off for Llama 3."
+                )
+            close_ids = default_format.encode_assistant_text(TOOL_CALL_CLOSE)
             self.stop_token_sequences = (tuple(close_ids),)
 
     def chat_format_for(self, tool_schemas: Sequence[dict[str, Any]]) -> ChatFormat:
         """The chat format showing these tool schemas (cached per distinct schema list)."""
-        from tir_rl.chat import ChatFormat
-
         key = json.dumps(list(tool_schemas), sort_keys=True, default=str)
         fmt = self._formats.get(key)
         if fmt is None:

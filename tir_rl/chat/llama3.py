@@ -1,0 +1,183 @@
+r"""Llama 3.x (`llama3`): header tokens, JSON tool calls, tool results in `ipython` turns.
+
+Every turn is ``<|start_header_id|>{role}<|end_header_id|>\n\n{body}<|eot_id|>`` after one
+``<|begin_of_text|>``. A tool-calling assistant turn is JSON only, in Llama 3.1's JSON
+tool-calling style: ``{"name": "add", "parameters": {"a": 2, "b": 3}}`` (several calls: one
+object after another, separated by whitespace or ``;``). A turn whose text does not start
+with ``{`` or ``[`` is a final answer. Each tool result is its own ``ipython`` turn. The turn
+ends with ``<|eot_id|>``; ``<|eom_id|>`` (end of message, used by Llama's built-in tools) also
+stops sampling when the tokenizer has it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+from tir_rl.chat.family import ChatFormatName, special_token_id
+from tir_rl.chat.parse import (
+    ParsedTurn,
+    ParseErrorKind,
+    ToolCallParseError,
+    call_from_object,
+    parse_error,
+    quote,
+)
+from tir_rl.chat.tokens import Piece, Text
+from tir_rl.chat.turns import TurnFormat
+from tir_rl.errors import ChatFormatError
+from tir_rl.types import Message, ToolCall
+
+__all__ = ["Llama3Format", "parse_json_calls"]
+
+BEGIN_OF_TEXT = "<|begin_of_text|>"
+START_HEADER = "<|start_header_id|>"
+END_HEADER = "<|end_header_id|>"
+EOT = "<|eot_id|>"
+EOM = "<|eom_id|>"
+
+LLAMA3_TOOL_INSTRUCTIONS = (
+    "# Tools\n\n"
+    "You can call the functions listed below. To call one, answer with nothing but a JSON "
+    'object {"name": <function-name>, "parameters": <arguments-object>}. The result comes '
+    "back in the next turn.\n\n"
+    "{tools}"
+)
+"""The tool block of the `llama3` family (Llama 3.1's JSON tool-calling style)."""
+
+JSON_CALL_HINT = (
+    "Answer with only the call, as one JSON object:\n"
+    '{"name": "<tool name>", "parameters": {"<argument name>": <value>, ...}}'
+)
+"""The exact call format, appended to every `llama3` parse error message."""
+
+
+class Llama3Format(TurnFormat):
+    """Llama 3.x header turns, JSON tool calls, one `ipython` turn per tool result."""
+
+    name: ClassVar[ChatFormatName] = ChatFormatName.LLAMA3
+    required_tokens: ClassVar[tuple[str, ...]] = (BEGIN_OF_TEXT, START_HEADER, END_HEADER, EOT)
+    default_tool_instructions: ClassVar[str] = LLAMA3_TOOL_INSTRUCTIONS
+    tool_role: ClassVar[str] = "ipython"
+    groups_tool_results: ClassVar[bool] = False
+
+    def _resolve_grouping(self) -> bool:
+        if self.config.group_tool_results:
+            raise ChatFormatError(
+                "chat.group_tool_results=true does not apply to chat.format=llama3: Llama 3 "
+                "gives each tool result its own ipython turn. Leave it unset (or false)."
+            )
+        return False
+
+    def _end_of_turn_id(self) -> int:
+        return self.special_ids[EOT]
+
+    def _other_stop_ids(self) -> list[int]:
+        eom = special_token_id(self.tokenizer, EOM)
+        return [] if eom is None else [eom]
+
+    def _begin_pieces(self) -> list[Piece]:
+        return [self.special_ids[BEGIN_OF_TEXT]]
+
+    def _header(self, role: str) -> list[Piece]:
+        ids = self.special_ids
+        return [ids[START_HEADER], Text(role), ids[END_HEADER], Text("\n\n")]
+
+    def _tool_results_body(self, results: Any) -> str:
+        (result,) = results  # never grouped
+        return result.content
+
+    def assistant_text(self, message: Message) -> str:
+        """The content, or for a hand-built call turn its calls as JSON objects, one a line.
+
+        Raises:
+            ChatFormatError: A hand-built message has both prose and calls (a Llama 3 call
+                turn is JSON only).
+        """
+        if not message.tool_calls or message.content.lstrip().startswith(("{", "[")):
+            return message.content
+        if message.content.strip():
+            raise ChatFormatError(
+                "a llama3 tool-call turn is JSON only: build the assistant message with "
+                f"content '' and its tool_calls (got content {message.content[:60]!r})"
+            )
+        return "\n".join(_call_json(call) for call in message.tool_calls)
+
+    def parse_text(self, text: str) -> ParsedTurn:
+        """JSON tool calls when the turn starts with `{` or `[`; otherwise a final answer."""
+        return parse_json_calls(text)
+
+
+def _call_json(call: ToolCall) -> str:
+    return json.dumps({"name": call.name, "parameters": call.arguments}, ensure_ascii=False)
+
+
+def parse_json_calls(text: str) -> ParsedTurn:
+    """Split a Llama 3 assistant turn into calls, errors and prose; never raises.
+
+    A turn that starts (after whitespace) with ``{`` or ``[`` is read as JSON values one after
+    another (separated by whitespace or ``;``); each becomes a `ToolCall` or a
+    `ToolCallParseError` of the same kinds as Hermes blocks: `INVALID_JSON`, `NOT_AN_OBJECT`,
+    `MISSING_NAME`, `INVALID_ARGUMENTS`, and `UNCLOSED_TAG` for a value cut off before its
+    closing bracket (the turn hit the token limit). Text after the last value is prose.
+    """
+    s = text.strip()
+    items: list[ToolCall | ToolCallParseError] = []
+    pos = 0
+    decoder = json.JSONDecoder()
+    while pos < len(s) and s[pos] in "{[":
+        index = len(items)
+        try:
+            obj, end = decoder.raw_decode(s, pos)
+        except json.JSONDecodeError as exc:
+            raw = s[pos:]
+            if _is_cut_off(raw):
+                problem = (
+                    "the JSON was never closed (the turn may have hit the token limit; keep "
+                    f"calls short). You wrote: {quote(raw)!r}"
+                )
+                kind = ParseErrorKind.UNCLOSED_TAG
+                items.append(parse_error(kind, problem, raw, index, hint=JSON_CALL_HINT))
+            else:
+                problem = f"the call is not valid JSON ({exc}). You wrote: {quote(raw)!r}"
+                kind = ParseErrorKind.INVALID_JSON
+                items.append(parse_error(kind, problem, raw, index, hint=JSON_CALL_HINT))
+            pos = len(s)
+            break
+        items.append(
+            call_from_object(
+                obj,
+                s[pos:end],
+                index,
+                arguments_keys=("parameters", "arguments"),
+                hint=JSON_CALL_HINT,
+            )
+        )
+        pos = end
+        while pos < len(s) and (s[pos].isspace() or s[pos] == ";"):
+            pos += 1
+    calls = tuple(item for item in items if isinstance(item, ToolCall))
+    errors = tuple(item for item in items if isinstance(item, ToolCallParseError))
+    return ParsedTurn(s[pos:].strip(), calls, errors, tuple(items))
+
+
+def _is_cut_off(raw: str) -> bool:
+    """Whether JSON text ends inside a string or with brackets still open."""
+    depth, in_string, escaped = 0, False, False
+    for ch in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return False
+    return in_string or depth > 0
