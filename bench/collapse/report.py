@@ -95,7 +95,7 @@ def table(runs: list[Run]) -> str:
         after = _mean([v.heldout_after for v in verdicts if v.heldout_after is not None])
         clean = [values_by_step(r.rows, "eval_clean/pass_at_1") for r in group]
         clean_before = _mean([c[min(c)] for c in clean if c])
-        clean_after = _mean([c[max(c)] for c in clean if c])
+        clean_after = _mean([c[max(c)] for c in clean if len(c) > 1])
         lines.append(
             f"| {setting} | {collapsed}/{len(group)} | {', '.join(steps) or '–'} | "
             f"{', '.join(alerts) or '–'} | {', '.join(leads) or '–'} | "
@@ -180,12 +180,12 @@ def outcome(run: Run) -> str:
     starting point estimate; `collapsed`: degraded to at most 0.05; `no signal`: no step made
     an update (every group degenerate).
     """
-    if not values_by_step(run.rows, "train/grad_norm"):
-        return "no signal"
     key = CLEAN_HELDOUT if values_by_step(run.rows, CLEAN_HELDOUT) else HELDOUT
     points = values_by_step(run.rows, key)
     if len(points) < 2:
         return "unfinished"
+    if not values_by_step(run.rows, "train/grad_norm"):
+        return "no signal"
     first, last = min(points), max(points)
     low = values_by_step(run.rows, f"{key}_low").get(last, points[last])
     high = values_by_step(run.rows, f"{key}_high").get(last, points[last])

@@ -98,6 +98,14 @@ def test_outcome_judges_the_trained_policy_by_its_interval_against_the_start(tmp
     }
 
 
+def test_a_run_without_its_final_evaluation_is_unfinished_not_judged(tmp_path):
+    folder = tmp_path / "h8_bypass_noise_0.1_s0"
+    folder.mkdir()
+    rows = [{"step": 0, "eval/pass_at_1": 0.25}, {"step": 1, "rollout/reward_mean": 0.0}]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert outcome(load_runs(tmp_path)[0]) == "unfinished"
+
+
 def test_outcome_uses_the_own_sampler_when_no_clean_evaluation_ran(tmp_path):
     _write_eval_run(tmp_path, "h4_bypass_bf16_sampler_s0", 0.25, (0.8, 0.7, 0.9), clean=False)
     assert outcome(load_runs(tmp_path)[0]) == "learned"
