@@ -20,6 +20,7 @@ from tir_rl.types import Trajectory
 if TYPE_CHECKING:
     from tir_rl.chat import ChatFormat
     from tir_rl.engine.base import Engine
+    from tir_rl.engine.parity import InferencePathReport
     from tir_rl.mismatch.injection import MismatchInjection
 
 # Sampler vs trainer gaps on this kind of machine (docs/machine-facts): fp32 vLLM CPU gives
@@ -340,10 +341,16 @@ async def engine_findings(
 
     Returns:
         One finding per cause: "sampled logprobs", "raw vs processed logprobs",
-        "lm_head precision (measured)" and "weight sync"; all pass on a faithful sampler.
+        "lm_head precision (measured)", "weight sync" and "inference path (prefix cache,
+        batching)"; all pass on a faithful sampler.
         The engine holds the run's weights again afterwards.
     """
-    from tir_rl.engine.parity import probe_parity, probe_sampled, transformers_logprobs
+    from tir_rl.engine.parity import (
+        probe_inference_paths,
+        probe_parity,
+        probe_sampled,
+        transformers_logprobs,
+    )
 
     def trainer_at(reference: Any) -> Any:
         return lambda ids, t: transformers_logprobs(reference, ids, temperature=t).tolist()
@@ -359,7 +366,40 @@ async def engine_findings(
     del rounded
     out.append(_lm_head_finding(prompt_gap, rounded_gap))
     out.append(await _weight_sync_finding(engine, model, probe_ids, injection))
+    half = len(probe_ids) // 2  # a rotation of the probe: a prompt the prefix cache never saw
+    unseen = [*probe_ids[half:], *probe_ids[:half]]
+    paths = await probe_inference_paths(engine, unseen, temperature=temperature)
+    out.append(_inference_path_finding(paths, engine.model_info.enable_prefix_caching))
     return out
+
+
+def _inference_path_finding(paths: InferencePathReport, prefix_caching: bool | None) -> Finding:
+    check = "inference path (prefix cache, batching)"
+    caching = {True: "on", False: "off", None: "unknown"}[prefix_caching]
+    detail = (
+        f"one seeded sample alone, again (prefix caching {caching}) and beside "
+        f"{paths.num_neighbours} other requests: max |Δ| {paths.max_abs_diff_cached:.2e} "
+        f"cached, {paths.max_abs_diff_batched:.2e} batched over {paths.num_tokens} tokens"
+    )
+    worst = max(paths.max_abs_diff_cached, paths.max_abs_diff_batched)
+    if worst <= PROBE_EXACT and not paths.tokens_diverged:
+        return Finding(check, Verdict.PASS, detail)
+    causes = []
+    if paths.max_abs_diff_cached > PROBE_EXACT:
+        causes.append("a prefix-cache hit changes the logprobs: engine.enable_prefix_caching=false")
+    if paths.max_abs_diff_batched > PROBE_EXACT:
+        causes.append(
+            "the batch a request runs in changes its logprobs (batch-variant kernels, async "
+            "scheduling): keep a per-token correction on (correction_preset=token_tis or "
+            "geo_rs_token_tis), or use batch-invariant kernels"
+        )
+    if paths.tokens_diverged and not causes:
+        detail += "; the same seed drew other tokens"
+        causes.append("the engine's seeded sampling depends on the path; logprobs agree")
+    return Finding(
+        check, Verdict.WARN if worst <= MAX_ABS_DIFF_FAIL else Verdict.FAIL, detail,
+        "; ".join(causes),
+    )  # fmt: skip
 
 
 def _sampled_finding(gap: float, num_tokens: int, temperature: float) -> Finding:

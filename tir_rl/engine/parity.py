@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tir_rl.engine.base import Engine, GenerateRequest
+from tir_rl.engine.base import Engine, GenerateRequest, GenerateResult
 from tir_rl.errors import ConfigError, ParityError
 
 if TYPE_CHECKING:
@@ -125,6 +125,87 @@ async def probe_sampled(
         max_abs_diff=max(gaps),
         max_abs_diff_raw=max(raw_gaps),
         temperature=temperature,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class InferencePathReport:
+    """The engine's logprobs of the same seeded sample taken along different inference paths."""
+
+    num_tokens: int
+    """Tokens compared (the shorter common prefix of the runs' samples; 0 when a path drew
+    another first token)."""
+    max_abs_diff_cached: float
+    """Largest |first − repeat| where the repeat finds the prompt in the prefix cache (when
+    caching is on; with it off both runs compute the prompt afresh)."""
+    max_abs_diff_batched: float
+    """Largest |repeat − batched| where the same request (prompt cached in both) runs beside
+    `num_neighbours` others."""
+    tokens_diverged: bool
+    """Whether a path sampled other tokens than the first run (its logprobs differed enough to
+    change a draw, or the engine's seeding depends on the batch)."""
+    num_neighbours: int
+
+
+async def probe_inference_paths(
+    engine: Engine,
+    prompt_ids: Sequence[int],
+    *,
+    temperature: float,
+    max_tokens: int = 24,
+    num_neighbours: int = 3,
+) -> InferencePathReport:
+    """Sample one seeded continuation alone, again (prefix cache warm), and inside a batch.
+
+    The trainer scores a sequence one way whatever the engine did; if the engine's logprob of
+    the same token depends on whether its prompt came from the prefix cache or on what else was
+    scheduled beside it, that dependence is part of the sampler/trainer gap and varies from
+    request to request. On an exact engine all three runs report the same logprobs.
+
+    Args:
+        engine: the sampling engine.
+        prompt_ids: the prompt to continue: one the engine has not seen yet (else the first
+            run already hits the prefix cache) and longer than a few KV blocks (only full
+            blocks are cached).
+        temperature: the run's sampling temperature.
+        max_tokens: tokens per continuation.
+        num_neighbours: other requests (other prompts: the probe prompt shifted by one token
+            each) scheduled together with the batched run.
+    """
+    if len(prompt_ids) < 2:
+        raise ConfigError("the inference-path probe needs a prompt of at least 2 tokens")
+
+    def request(ids: Sequence[int], seed: int) -> GenerateRequest:
+        return GenerateRequest(
+            prompt_token_ids=list(ids), max_tokens=max_tokens, temperature=temperature, seed=seed
+        )
+
+    first = await engine.generate(request(prompt_ids, 0))
+    repeat = await engine.generate(request(prompt_ids, 0))
+    neighbours = [request(prompt_ids[i + 1 :], 100 + i) for i in range(num_neighbours)]
+    batched, *_ = await asyncio.gather(
+        engine.generate(request(prompt_ids, 0)), *(engine.generate(n) for n in neighbours)
+    )
+
+    def gap(one: GenerateResult, other: GenerateResult) -> tuple[float, int, bool]:
+        same = 0
+        for a, b in zip(one.token_ids, other.token_ids, strict=False):
+            if a != b:
+                break
+            same += 1
+        # from the first differing draw on, the contexts differ: compare the common prefix
+        common = zip(one.logprobs[:same], other.logprobs[:same], strict=True)
+        diverged = same < max(len(one.token_ids), len(other.token_ids))
+        return max((abs(a - b) for a, b in common), default=0.0), same, diverged
+
+    cached, n_cached, div_cached = gap(first, repeat)
+    batch, n_batched, div_batched = gap(repeat, batched)  # both warm: only the batch differs
+    return InferencePathReport(
+        num_tokens=min(n_cached, n_batched),
+        max_abs_diff_cached=cached,
+        max_abs_diff_batched=batch,
+        tokens_diverged=div_cached or div_batched,
+        num_neighbours=num_neighbours,
     )
 
 

@@ -5,6 +5,7 @@ injected through `MismatchInjection`, the way a training run would inject it.
 """
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -16,7 +17,13 @@ pytestmark = pytest.mark.vllm
 
 PROMPT = [1, 504, 2462, 314, 253, 1789, 30, 198]
 TEMPERATURE = 0.7
-CAUSE_CHECKS = ("raw vs processed logprobs", "lm_head precision (measured)", "weight sync")
+PATH_CHECK = "inference path (prefix cache, batching)"
+CAUSE_CHECKS = (
+    "raw vs processed logprobs",
+    "lm_head precision (measured)",
+    "weight sync",
+    PATH_CHECK,
+)
 
 
 def engine_config(model_path, injection: MismatchInjection) -> VLLMLocalEngine.Config:
@@ -91,3 +98,23 @@ def test_raw_logprobs_at_a_temperature_other_than_one_are_named(
     assert flagged(findings) == {"sampled logprobs", "raw vs processed logprobs"}
     assert findings["raw vs processed logprobs"].verdict is Verdict.FAIL
     assert "processed_logprobs" in findings["raw vs processed logprobs"].fix
+
+
+def test_prefix_cache_hits_and_batching_leave_fp32_logprobs_unchanged(
+    tiny_model_path, hf_model, probe_ids
+):
+    """The inference-path check on real cache hits: vLLM-CPU fp32 gives the same logprobs.
+
+    CPU attention takes blocks of a multiple of 32 tokens; the probe has 92, two full blocks.
+    """
+    config = dataclasses.replace(
+        engine_config(tiny_model_path, MismatchInjection()),
+        enable_prefix_caching=True,
+        block_size=32,
+    )
+    assert len(probe_ids) > 2 * config.block_size  # full blocks to cache
+    with VLLMLocalEngine(config) as cached_engine:
+        findings = diagnose(cached_engine, hf_model, probe_ids, MismatchInjection())
+    assert findings[PATH_CHECK].verdict is Verdict.PASS, findings[PATH_CHECK].detail
+    assert "prefix caching on" in findings[PATH_CHECK].detail
+    assert flagged(findings) == set(), {k: f.detail for k, f in findings.items()}
