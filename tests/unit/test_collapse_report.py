@@ -2,11 +2,15 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "collapse"))
 
 from report import (  # noqa: E402
     REWARD_BLOCK,
+    EARLY_STEPS,
     breaking_point_map,
+    early_gap,
     heldout_curves,
     load_runs,
     outcome,
@@ -138,3 +142,17 @@ def test_map_runs_get_a_map_plot_and_other_runs_do_not(tmp_path):
     _write_eval_run(other, "uncorrected_s0", 0.25, (0.0, 0.0, 0.0))
     names = [p.name for p in plot(load_runs(other), other / "plots")]
     assert "breaking_point_map.png" not in names
+
+
+def test_the_map_sizes_a_mismatch_over_the_first_steps_only(tmp_path):
+    folder = tmp_path / "h8_decoupled_stale_4_s0"
+    folder.mkdir()
+    k3 = [0.0, 4e-3, 4e-3, 4e-3, 1.0]  # in sync at step 1; the last step would inflate it
+    rows = [
+        {"step": i + 1, "mismatch/k3_kl": v, "mismatch/abs_diff_max": 10 * v}
+        for i, v in enumerate(k3)
+    ]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert EARLY_STEPS == 4
+    mean_k3, max_gap = early_gap(load_runs(tmp_path)[0])
+    assert mean_k3 == pytest.approx(3e-3) and max_gap == pytest.approx(0.04)
