@@ -7,8 +7,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "collapse"))
 
 from report import (  # noqa: E402
-    REWARD_BLOCK,
     EARLY_STEPS,
+    REWARD_BLOCK,
     breaking_point_map,
     early_gap,
     heldout_curves,
