@@ -69,6 +69,7 @@ MAP_MISMATCHES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("bf16_sampler", ("inject.sampler_dtype=bfloat16",), "bf16 sampler"),
     ("noise_1", _noise(1.0), "logit noise std 1"),
     ("noise_0.1", _noise(0.1), "logit noise std 0.1"),
+    ("noise_0.2", _noise(0.2), "logit noise std 0.2"),
     ("stale_4", ("inject.sync_every=4",), "weights synced every 4 steps"),
     ("bf16_lm_head", ("inject.lm_head_dtype=bfloat16",), "sampler lm_head in bf16"),
     ("noise_3", _noise(3.0), "logit noise std 3"),
