@@ -199,12 +199,12 @@ def breaking_point_map(runs: list[Run]) -> str:
 
     Empty when no run is named like the map's settings (`h<H>_<mode>_<mismatch>`).
     """
-    cells: dict[tuple[str, int, str], Run] = {}
-    for run in runs:
+    cells: dict[tuple[str, int, str], list[Run]] = defaultdict(list)
+    for run in sorted(runs, key=lambda r: r.seed):
         match = _MAP_SETTING.match(run.setting)
         if match is not None:
             mismatch = match["mismatch"] or "none"
-            cells[(mismatch, int(match["horizon"]), match["mode"] or "both")] = run
+            cells[(mismatch, int(match["horizon"]), match["mode"] or "both")].append(run)
     if not cells:
         return ""
     horizons = sorted({h for _, h, _ in cells}, reverse=True)
@@ -220,8 +220,11 @@ def breaking_point_map(runs: list[Run]) -> str:
     for mismatch in mismatches:
         row = []
         for h, mode in columns:
-            run = cells.get((mismatch, h, mode)) or cells.get((mismatch, h, "both"))
-            row.append("–" if run is None else _map_cell(run))
+            group = cells.get((mismatch, h, mode)) or cells.get((mismatch, h, "both"), [])
+            if len(group) == 1:
+                row.append(_map_cell(group[0]))
+            else:  # one line per seed
+                row.append("<br>".join(f"s{r.seed}: {_map_cell(r)}" for r in group) or "–")
         lines.append(f"| {mismatch} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 

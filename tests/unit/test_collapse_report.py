@@ -156,3 +156,11 @@ def test_the_map_sizes_a_mismatch_over_the_first_steps_only(tmp_path):
     assert EARLY_STEPS == 4
     mean_k3, max_gap = early_gap(load_runs(tmp_path)[0])
     assert mean_k3 == pytest.approx(3e-3) and max_gap == pytest.approx(0.04)
+
+
+def test_a_map_cell_lists_each_seed(tmp_path):
+    _write_eval_run(tmp_path, "h8_bypass_noise_0.2_s0", 0.25, (0.0, 0.0, 0.0))
+    _write_eval_run(tmp_path, "h8_bypass_noise_0.2_s1", 0.25, (0.8, 0.7, 0.9))
+    line = breaking_point_map(load_runs(tmp_path)).splitlines()[4]
+    cell = line.split("|")[2].strip()
+    assert cell.startswith("s0: **collapsed**") and "<br>s1: **learned**" in cell
