@@ -431,8 +431,9 @@ class _TrainLoop:
     def _update(self, step: int, work: _StepWork) -> tuple[StepResult | None, torch.Tensor | None]:
         """This rank's share: recompute ℓ^old, measure and correct the mismatch, update.
 
-        Returns the trainer's result (None when the share carries no learning signal) and
-        this rank's [b, T] trainer logprobs (None when no episode sampled a token).
+        Returns the trainer's result (a scoring pass, `Trainer.score_step`, when the batch
+        carries no learning signal) and this rank's [b, T] trainer logprobs; both None when
+        no episode sampled a token.
         """
         if work.batch is None:
             self._all_failed_steps += 1
@@ -449,8 +450,9 @@ class _TrainLoop:
                 )
             return None, None
         self._all_failed_steps = 0
-        if work.advantages is None:  # no signal: only score the batch
-            return None, self.trainer.compute_logprobs(work.batch)
+        if work.advantages is None:  # no signal: score the batch; the guard still watches it
+            scored = self.trainer.score_step(work.batch, guard=self.guard)
+            return scored, scored.logprobs
         # One forward per micro-batch; its detached logprobs are ℓ^old.
         result = self.trainer.train_step(work.batch, work.advantages, guard=self.guard)
         return result, result.logprobs

@@ -27,7 +27,8 @@ def _noise(std: float) -> tuple[str, ...]:
 
 
 CORRECTIONS = (
-    "token_tis", "token_mis", "geo_rs_token_tis", "turn_mis", "seq_mis", "geo_rs", "veto",
+    "token_tis", "token_mis", "geo_rs_token_tis", "turn_tis", "turn_mis", "seq_mis", "geo_rs",
+    "veto",
 )  # fmt: skip
 """Correction presets compared against no correction (see docs/mismatch.md)."""
 
@@ -68,6 +69,8 @@ MAP_MISMATCHES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("noise_0.3", _noise(0.3), "logit noise std 0.3"),
     ("bf16_sampler", ("inject.sampler_dtype=bfloat16",), "bf16 sampler"),
     ("noise_1", _noise(1.0), "logit noise std 1"),
+    ("noise_0.5", _noise(0.5), "logit noise std 0.5"),
+    ("noise_0.7", _noise(0.7), "logit noise std 0.7"),
     ("noise_0.1", _noise(0.1), "logit noise std 0.1"),
     ("noise_0.2", _noise(0.2), "logit noise std 0.2"),
     ("stale_4", ("inject.sync_every=4",), "weights synced every 4 steps"),

@@ -106,3 +106,22 @@ def test_state_dict_round_trip_keeps_the_decisions():
     b.load_state_dict(a.state_dict())
     assert b.check(3, {"mismatch/k3_kl": 20.0}).fired == a.check(3, {"mismatch/k3_kl": 20.0}).fired
     assert b.num_alerts == a.num_alerts == 1
+
+
+def test_two_alerts_at_the_same_step_keep_their_own_folders(tmp_path):
+    # a scoring pass (no update) and the next update share the trainer's step
+    guard = CollapseGuard(
+        CollapseGuard.Config(absolute={"mismatch/k3_kl": 0.01}, save_dir=tmp_path)
+    )
+    batch = {"completion_ids": torch.arange(4)}
+    first = guard.check(3, {"mismatch/k3_kl": 0.5}, batch=batch)
+    second = guard.check(3, {"mismatch/k3_kl": 0.7}, batch=batch)
+    assert (first.saved_to, second.saved_to) == (
+        tmp_path / "step_000003",
+        tmp_path / "step_000003_1",
+    )
+    values = [
+        json.loads((d / "alert.json").read_text())["metrics"]["mismatch/k3_kl"]
+        for d in (first.saved_to, second.saved_to)
+    ]
+    assert values == [0.5, 0.7]

@@ -2,10 +2,8 @@
 
 import math
 
-import pytest
-import torch
-
 from tir_rl.engine.parity import ParityReport
+from tir_rl.mismatch.guard import Alert, GuardAction, GuardDecision
 from tir_rl.report.step_metrics import StepOutcome, episode_row, step_row
 from tir_rl.trainer import StepResult
 from tir_rl.trainer.batch import TrainBatch
@@ -67,14 +65,16 @@ def test_step_row_of_an_update():
     assert "train/loss" not in given.rollout_row  # the rollout row is not modified
 
 
-def test_step_row_scores_a_batch_without_signal():
+def test_step_row_of_a_scoring_pass_keeps_its_mismatch_metrics_and_guard_alerts():
+    alert = Alert(step=0, metric="mismatch/k3_kl", value=0.3, threshold=0.01, reason="absolute")
+    scored = StepResult(
+        loss=math.nan, grad_norm=math.nan, skipped=True, metrics={"mismatch/k3_kl": 0.3},
+        guard=GuardDecision(GuardAction.CONTINUE, (alert,)),
+    )  # fmt: skip
     batch = TrainBatch.from_trajectories([trajectory(1.0), trajectory(1.0)])
-    off_by = torch.log(torch.tensor(1.1))  # the trainer gives every model token 10% more
-    trainer_logprobs = batch.sampler_logprobs + off_by
-    row = step_row(outcome(batch=batch, trainer_logprobs=trainer_logprobs))
+    row = step_row(outcome(batch=batch, result=scored, trainer_logprobs=batch.sampler_logprobs))
     assert math.isnan(row["train/loss"]) and row["train/skipped"] == 1.0
-    assert row["mismatch/num_tokens"] == 4.0
-    assert row["mismatch/token_mult_prob_error"] == pytest.approx(1.1, rel=1e-5)  # exp|Δ|
+    assert row["mismatch/k3_kl"] == 0.3 and row["guard/alerts"] == 1.0
 
 
 def test_step_row_without_any_batch_has_no_mismatch_columns():

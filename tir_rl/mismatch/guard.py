@@ -7,6 +7,11 @@ history (and with optional absolute limits); on a spike it returns typed `Alert`
 the offending batch and metrics for inspection, and tells the loop what to do
 (`continue`, `skip_step`, or `stop`, after which the loop checkpoints and exits).
 
+Every step that sampled a token is checked: an update before it is applied
+(`Trainer.train_step`), and a step whose groups carry no learning signal after its batch is
+scored (`Trainer.score_step`): a sampler so far off that no rollout scores makes no update,
+and is exactly what the guard must not miss.
+
 The guard is deterministic given the metric stream, so every rank reaches the same decision
 when fed the same (all-reduced) metrics.
 """
@@ -182,7 +187,15 @@ class CollapseGuard:
         cfg = self.config
         if cfg.save_dir is None or self.num_saved >= cfg.max_saved:
             return None
+        # A batch without signal is scored and checked at the trainer step of the next update,
+        # which may alert too: each alert keeps its own folder. Each rank looks for the file
+        # it writes itself, so all ranks pick the same folder.
+        mine = f"batch_rank{rank}.pt" if batch is not None else "alert.json"
         folder = Path(cfg.save_dir) / f"step_{step:06d}"
+        repeat = 1
+        while (folder / mine).exists():
+            folder = Path(cfg.save_dir) / f"step_{step:06d}_{repeat}"
+            repeat += 1
         folder.mkdir(parents=True, exist_ok=True)
         if batch is not None:
             torch.save(dict(batch), folder / f"batch_rank{rank}.pt")

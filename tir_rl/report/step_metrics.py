@@ -13,8 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tir_rl.mismatch import mismatch_metrics
-
 if TYPE_CHECKING:
     import torch
 
@@ -51,7 +49,8 @@ class StepOutcome:
     batch: TrainBatch | None
     """The step's whole batch; None when no episode sampled a token."""
     result: StepResult | None
-    """The trainer's update; None when the batch carried no learning signal (or was empty)."""
+    """The trainer's update, or its scoring pass (`Trainer.score_step`) when the batch
+    carried no learning signal; None when no episode sampled a token."""
     trainer_logprobs: torch.Tensor | None
     """[B, T] trainer logprobs of the whole batch (the update's ℓ^old, or a scoring pass)."""
     updated: bool
@@ -66,20 +65,9 @@ class StepOutcome:
 def step_row(outcome: StepOutcome) -> dict[str, float]:
     """The step's metrics row (a new dict; `outcome.rollout_row` is left as it was)."""
     row = dict(outcome.rollout_row)
-    result, batch = outcome.result, outcome.batch
-    if result is not None:
+    result = outcome.result
+    if result is not None:  # an update, or the scoring pass of a batch without signal
         row.update(result.metrics)
-    elif batch is not None and outcome.trainer_logprobs is not None:
-        # No learning signal anywhere: the sampled tokens are still scored, because the
-        # mismatch metrics are watched every step.
-        row.update(
-            mismatch_metrics(
-                outcome.trainer_logprobs,
-                batch.sampler_logprobs,
-                batch.loss_mask,
-                batch.turn_ids,
-            )
-        )
     rollout_s = row["perf/rollout_s"]
     row.update(
         {

@@ -110,16 +110,19 @@ class PolicyLoss(Protocol):
 
 @dataclass
 class StepResult:
-    """What one `train_step` did."""
+    """What one `train_step` did, or one `score_step` (a batch without learning signal)."""
 
     loss: float
-    """Global loss (sum over micro-batches and ranks of the globally normalized loss)."""
+    """Global loss (sum over micro-batches and ranks of the globally normalized loss); NaN
+    for a scoring pass."""
     grad_norm: float
-    """Global gradient L2 norm before clipping."""
+    """Global gradient L2 norm before clipping; NaN for a scoring pass."""
     skipped: bool
-    """True when the optimizer step was not applied (non-finite values or the guard)."""
+    """True when no optimizer step was applied (non-finite values, the guard, or a scoring
+    pass, which never updates)."""
     metrics: dict[str, float] = field(default_factory=dict)
-    """`train/...` and `mismatch/...` metrics, identical on every rank."""
+    """`train/...` and `mismatch/...` metrics, identical on every rank (a scoring pass has the
+    `mismatch/...` ones only)."""
     guard: GuardDecision | None = None
     """The collapse guard's verdict, when a guard was given."""
     logprobs: torch.Tensor | None = None
@@ -459,6 +462,28 @@ class Trainer:
             (logits.float().sum() * 0.0).backward()
 
     # ------------------------------------------------------------------ training
+
+    def score_step(self, batch: TrainBatch, *, guard: CollapseGuard | None = None) -> StepResult:
+        """Score a batch that carries no learning signal, and let the guard watch it.
+
+        A step whose groups are all degenerate makes no update, but its sampler can be as far
+        from the trainer as ever (a sampler so wrong that no rollout scores is the extreme
+        case), so the mismatch metrics are measured and checked like an update's. Nothing is
+        skipped (there is no update); a guard's `stop` still ends the run.
+
+        Returns:
+            A skipped `StepResult` with NaN loss and gradient norm, the global `mismatch/...`
+            metrics, the guard's decision, and `compute_logprobs(batch)` as `logprobs`.
+        """
+        logprobs = self.compute_logprobs(batch)
+        metrics = mismatch_metrics(
+            logprobs, batch.sampler_logprobs, batch.loss_mask, batch.turn_ids
+        )
+        metrics = tdist.all_reduce_metrics({k: float(v) for k, v in metrics.items()})
+        decision = None
+        if guard is not None:
+            decision = guard.check(self.step, metrics, batch=batch.tensors(), rank=tdist.rank())
+        return StepResult(math.nan, math.nan, True, metrics, decision, logprobs)
 
     def train_step(
         self,

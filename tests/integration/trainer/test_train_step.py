@@ -104,6 +104,28 @@ def test_guard_skip_step_drops_the_update_and_saves_the_batch(make_trainer, tmp_
     assert (result.guard.saved_to / "alert.json").is_file()
 
 
+def test_a_batch_without_signal_is_scored_and_watched_by_the_guard(make_trainer, tmp_path):
+    trainer = make_trainer()
+    batch = make_batch()
+    off_by = math.log(1.1)  # the sampler gives every model token 10% less than the trainer
+    batch = with_sampler_logprobs(batch, trainer.compute_logprobs(batch) - off_by)
+    guard = CollapseGuard(
+        CollapseGuard.Config(
+            absolute={"mismatch/k3_kl": 1e-4}, action=GuardAction.STOP, save_dir=tmp_path
+        )
+    )
+    before = params(trainer)
+    result = trainer.score_step(batch, guard=guard)
+    assert result.skipped and math.isnan(result.loss) and math.isnan(result.grad_norm)
+    assert result.metrics["mismatch/token_mult_prob_error"] == pytest.approx(1.1, rel=1e-5)
+    assert result.guard is not None and result.stop  # k3 of a 10% gap is ~4.7e-3
+    assert [a.metric for a in result.guard.alerts] == ["mismatch/k3_kl"]
+    assert (result.guard.saved_to / "alert.json").is_file()
+    assert torch.equal(result.logprobs, trainer.compute_logprobs(batch))
+    assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+    assert trainer.step == 0 and trainer.num_skipped_guard == 0  # no update was there to skip
+
+
 def test_rejected_sequences_leave_the_normalizer(make_trainer):
     trainer = make_trainer()
     batch = make_batch()
