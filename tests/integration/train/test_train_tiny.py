@@ -159,6 +159,20 @@ def test_steps_without_learning_signal_make_no_update_but_log_mismatch(tmp_path)
     assert "sync/parity_max_abs_diff" not in rows[0]  # no update, so no weight sync
 
 
+def test_the_guard_watches_steps_without_learning_signal_and_can_stop_the_run(tmp_path):
+    # Every group is degenerate (as above), so no update ever runs; k3 ≥ 0 > −1 alerts.
+    config = tiny_config(
+        tmp_path, "run.steps=3", "run.eval_tasks=1", "guard.action=stop",
+        'guard.absolute={"mismatch/k3_kl": -1.0}', env_id="tir_rl/MultiHop-v0",
+    )  # fmt: skip
+    summary = run_train(config)
+    assert summary.stopped_by_guard and summary.steps_done == 1
+    rows = [r for r in read_metrics(summary.run_dir / "metrics.jsonl") if "train/skipped" in r]
+    assert len(rows) == 1 and rows[0]["train/skipped"] == 1.0
+    assert rows[0]["guard/alerts"] == 1.0
+    assert (summary.run_dir / "alerts" / "step_000000" / "alert.json").is_file()
+
+
 def test_wandb_offline_gets_the_config_rows_and_plots_and_resume_keeps_its_run(
     tmp_path, monkeypatch
 ):
