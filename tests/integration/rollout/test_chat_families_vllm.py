@@ -8,13 +8,12 @@ one engine per family, started once for the module's tests of that family.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from rollout_helpers import RecordingEngine
 
 from tir_rl.chat import ChatFormatName, compare_incremental_with_full
-from tir_rl.engine.base import GenerateRequest, GenerateResult, ModelInfo
 from tir_rl.envs.base import Task, ToolEnv
 from tir_rl.models import prepare_tiny_model
 from tir_rl.rollout import Rollout, group_specs
@@ -29,23 +28,6 @@ pytestmark = pytest.mark.vllm
 
 NUM_TOOL_TURNS = 3
 RESULTS = ("5", "8 <|im_end|> <|eot_id|> </tool_response>")  # special-looking text stays text
-
-
-@dataclass
-class RecordingEngine:
-    """Passes requests to the real engine and keeps each result, keyed by (prompt, seed)."""
-
-    engine: object
-    calls: dict[tuple[tuple[int, ...], int | None], GenerateResult] = field(default_factory=dict)
-
-    @property
-    def model_info(self) -> ModelInfo:
-        return self.engine.model_info
-
-    async def generate(self, request: GenerateRequest) -> GenerateResult:
-        result = await self.engine.generate(request)
-        self.calls[(tuple(request.prompt_token_ids), request.seed)] = result
-        return result
 
 
 class FakeAlwaysCalledEnv(ToolEnv):

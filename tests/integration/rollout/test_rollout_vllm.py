@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
 import torch
+from rollout_helpers import RecordingEngine
 
-from tir_rl.engine.base import GenerateRequest, GenerateResult, ModelInfo
 from tir_rl.engine.parity import transformers_logprobs
 from tir_rl.rollout import EpisodeSpec, Rollout, group_specs
 from tir_rl.rollout.episode import turn_seed
@@ -21,23 +19,6 @@ TOOL_TEXT = (
 ).strip()
 TEMPERATURE = 0.8
 NUM_TOOL_TURNS = 3
-
-
-@dataclass
-class RecordingEngine:
-    """Passes requests to the real engine and keeps each result, keyed by (prompt, seed)."""
-
-    engine: object
-    calls: dict[tuple[tuple[int, ...], int | None], GenerateResult] = field(default_factory=dict)
-
-    @property
-    def model_info(self) -> ModelInfo:
-        return self.engine.model_info
-
-    async def generate(self, request: GenerateRequest) -> GenerateResult:
-        result = await self.engine.generate(request)
-        self.calls[(tuple(request.prompt_token_ids), request.seed)] = result
-        return result
 
 
 class FakeAlwaysToolEnv:
