@@ -113,15 +113,17 @@ def main() -> None:
             print(f"[collapse] {name}: {setting.what}\n  {' '.join(cmd)}", flush=True)
             if args.dry_run:
                 continue
-            if run_dir.exists():  # an unfinished attempt: start it again from scratch
-                shutil.rmtree(run_dir)
-            run_dir.mkdir(parents=True)
+            cmd, resumed = command_for(run_dir, cmd)
+            if resumed:
+                print(f"[collapse] {name}: unfinished, resumed: {' '.join(cmd)}", flush=True)
+            run_dir.mkdir(parents=True, exist_ok=True)
             started = time.perf_counter()
-            with open(run_dir / "train.log", "w") as log:
+            with open(run_dir / "train.log", "a" if resumed else "w") as log:
                 code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
             took = time.perf_counter() - started
             if code == 0:
-                (run_dir / DONE).write_text(f"{took:.1f} s\n")
+                part = " (the resumed part)" if resumed else ""
+                (run_dir / DONE).write_text(f"{took:.1f} s{part}\n")
                 print(f"[collapse] {name}: finished in {took:.0f} s", flush=True)
             else:
                 failures.append(name)
@@ -130,6 +132,22 @@ def main() -> None:
         subprocess.call([sys.executable, str(HERE / "report.py"), str(args.out)])
     if failures:
         raise SystemExit(f"failed runs: {', '.join(failures)}")
+
+
+def command_for(run_dir: Path, fresh: list[str]) -> tuple[list[str], bool]:
+    """The command that (re)starts `run_dir`, and whether it resumes.
+
+    An unfinished run with a checkpoint (`run.checkpoint_every`, or the one a stopped run
+    saves on SIGINT/SIGTERM) continues from it with `tir-rl train --resume`; one without is
+    removed and started again from scratch.
+    """
+    from tir_rl.trainer.checkpoint import latest_checkpoint
+
+    if run_dir.exists() and latest_checkpoint(run_dir) is not None:
+        return ["tir-rl", "train", "--resume", str(run_dir)], True
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    return fresh, False
 
 
 def pick(settings: list[Setting], names: list[str]) -> list[Setting]:

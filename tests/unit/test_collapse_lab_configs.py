@@ -77,3 +77,20 @@ def test_only_runs_the_named_settings_in_the_given_order_and_refuses_unknown_nam
     assert [s.name for s in chosen] == ["h4_decoupled_stale_4", "h8_no_mismatch"]
     with pytest.raises(SystemExit, match="h8_typo"):
         pick(settings, ["h8_no_mismatch", "h8_typo"])
+
+
+def test_an_unfinished_run_resumes_from_its_checkpoint_and_one_without_starts_again(tmp_path):
+    from run import command_for
+
+    fresh = ["tir-rl", "train", "--config", "lab.yaml"]
+    assert command_for(tmp_path / "new", fresh) == (fresh, False)
+    started = tmp_path / "started"
+    (started / "checkpoints").mkdir(parents=True)
+    (started / "metrics.jsonl").write_text("{}\n")
+    assert command_for(started, fresh) == (fresh, False) and not started.exists()
+    resumable = tmp_path / "resumable"
+    (resumable / "checkpoints" / "step_50").mkdir(parents=True)
+    (resumable / "checkpoints" / "step_50" / "trainer_state.json").write_text("{}")
+    assert command_for(resumable, fresh) == (
+        ["tir-rl", "train", "--resume", str(resumable)], True
+    )
