@@ -124,6 +124,61 @@ def map_suite() -> list[Setting]:
     return settings
 
 
+LONG_RUN: tuple[str, ...] = (
+    "run.steps=200",
+    "run.eval_every=25",
+    "run.tasks_per_step=2",
+    "run.plot_every=25",
+    "run.checkpoint_every=25",
+    "trainer.lr=5.0e-3",
+)
+"""The long runs' size: 200 steps of 2 tasks x 8 samples, held-out every 25 steps, and a
+learning rate 10x below configs/lab.yaml's, at which learning spans tens of steps instead of
+five (at 5e-2 the lab policy had converged by step 5, docs/collapse.md section 1)."""
+
+BYPASS = ("correction.bypass=ppo_clip",)
+
+
+def long_suite() -> list[Setting]:
+    """200-step runs at horizon 8, and at horizon 4 for contrast: no mismatch, and the map's
+    breaking point (logit noise 0.2) uncorrected in both update modes."""
+    settings = []
+    for h in (8, 4):
+        base = (*horizon_overrides(h), *LONG_RUN, "correction_preset=none")
+        settings += [
+            Setting(f"h{h}_no_mismatch", base, f"horizon {h}, 200 steps, fp32 sampler = trainer"),
+            Setting(
+                f"h{h}_bypass_noise_0.2",
+                (*base, *BYPASS, *_noise(0.2)),
+                f"horizon {h}, 200 steps, bypass, logit noise std 0.2, no correction",
+            ),
+            Setting(
+                f"h{h}_decoupled_noise_0.2",
+                (*base, *_noise(0.2)),
+                f"horizon {h}, 200 steps, decoupled, logit noise std 0.2, no correction",
+            ),
+        ]
+    return settings
+
+
+def breaking_point_suite() -> list[Setting]:
+    """The corrections suite at the map's breaking point: bypass mode, horizon 8, logit noise
+    0.2 (both uncorrected seeds collapsed there), with the decoupled recompute beside it."""
+    where = (*horizon_overrides(8), *BYPASS)
+    settings = [
+        Setting(s.name, (*where, *s.overrides), f"horizon 8, bypass, {s.what}")
+        for s in corrections_suite(_noise(0.2), "logit noise std 0.2")
+    ]
+    settings.append(
+        Setting(
+            "decoupled",
+            (*horizon_overrides(8), *_noise(0.2), "correction_preset=none"),
+            "horizon 8, decoupled (the default update), logit noise std 0.2, no correction",
+        )
+    )
+    return settings
+
+
 MISMATCHES: dict[str, tuple[tuple[str, ...], str]] = {
     "noise": (_noise(0.1), "logit noise std 0.1"),
     "bf16": (("inject.sampler_dtype=bfloat16",), "bf16 sampler"),
@@ -134,7 +189,7 @@ MISMATCHES: dict[str, tuple[tuple[str, ...], str]] = {
 
 
 def suite(name: str, mismatch: str = "noise", noise_std: float | None = None) -> list[Setting]:
-    """The settings of suite `name` (`corrections`, `sweep`, `causes` or `map`)."""
+    """The settings of suite `name` (`corrections`, `sweep`, `causes`, `map`, `long`, `breaking`)."""
     if name == "corrections":
         overrides, label = MISMATCHES[mismatch]
         if mismatch == "noise" and noise_std is not None:
@@ -146,4 +201,10 @@ def suite(name: str, mismatch: str = "noise", noise_std: float | None = None) ->
         return causes_suite()
     if name == "map":
         return map_suite()
-    raise SystemExit(f"unknown suite {name!r}: choose corrections, sweep, causes or map")
+    if name == "long":
+        return long_suite()
+    if name == "breaking":
+        return breaking_point_suite()
+    raise SystemExit(
+        f"unknown suite {name!r}: choose corrections, sweep, causes, map, long or breaking"
+    )
