@@ -67,7 +67,9 @@ CLEAN_EVAL = "run.eval_clean_sampler=true"
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--suite", default="corrections", help="corrections | sweep | causes | map | long | breaking")
+    parser.add_argument(
+        "--suite", default="corrections", help="corrections|sweep|causes|map|long|breaking"
+    )
     parser.add_argument("--mismatch", default="noise", choices=sorted(MISMATCHES))
     parser.add_argument("--noise-std", type=float, default=None, help="for --mismatch noise")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])

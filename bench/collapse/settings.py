@@ -189,7 +189,7 @@ MISMATCHES: dict[str, tuple[tuple[str, ...], str]] = {
 
 
 def suite(name: str, mismatch: str = "noise", noise_std: float | None = None) -> list[Setting]:
-    """The settings of suite `name` (`corrections`, `sweep`, `causes`, `map`, `long`, `breaking`)."""
+    """The settings of suite `name`: corrections, sweep, causes, map, long or breaking."""
     if name == "corrections":
         overrides, label = MISMATCHES[mismatch]
         if mismatch == "noise" and noise_std is not None:
