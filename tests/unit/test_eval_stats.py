@@ -7,6 +7,7 @@ from tir_rl.report.eval_stats import (
     Estimate,
     EvalReport,
     bootstrap_mean,
+    bootstrap_seeds_and_tasks,
     build_report,
     describe_change,
     format_table,
@@ -56,6 +57,35 @@ def test_bootstrap_interval_contains_the_mean_and_shrinks_with_more_tasks():
 def test_bootstrap_of_a_single_task_is_the_point_estimate():
     estimate = bootstrap_mean([0.25])
     assert (estimate.low, estimate.value, estimate.high) == (0.25, 0.25, 0.25)
+
+
+def test_task_scores_follow_the_group_ids_whatever_order_the_episodes_came_in():
+    shuffled = list(reversed(synthetic_episodes()))
+    report = build_report(shuffled, env_id="e", split="test", k=1)
+    assert report.task_pass_at_1 == pytest.approx([0.5, 0.0, 1.0])
+
+
+def test_the_interval_over_seeds_and_tasks_widens_with_the_spread_between_seeds():
+    tasks = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0] * 4
+    failed = [0.0] * len(tasks)
+    same = bootstrap_seeds_and_tasks([tasks, tasks, tasks, tasks])
+    apart = bootstrap_seeds_and_tasks([tasks, failed, tasks, failed])
+    assert same.value == pytest.approx(0.625)
+    assert apart.value == pytest.approx(0.3125)
+    assert same.low <= same.value <= same.high and apart.low <= apart.value <= apart.high
+    # identical seeds add nothing beyond resampling one run's tasks
+    single = bootstrap_mean(tasks)
+    assert same.high - same.low == pytest.approx(single.high - single.low, abs=0.05)
+    # two of four seeds failing everything: resampling the seeds moves the mean a lot
+    assert apart.high - apart.low > 1.8 * (same.high - same.low)
+    assert bootstrap_seeds_and_tasks([tasks]) == bootstrap_mean(tasks)
+
+
+def test_the_interval_over_seeds_and_tasks_refuses_ragged_or_empty_input():
+    with pytest.raises(ValueError, match="same tasks"):
+        bootstrap_seeds_and_tasks([[1.0, 0.0], [1.0]])
+    with pytest.raises(ValueError, match="at least one run"):
+        bootstrap_seeds_and_tasks([])
 
 
 def test_wilson_interval_contains_the_proportion_and_shrinks():
@@ -128,7 +158,10 @@ def test_report_from_synthetic_trajectories():
     assert report.status_counts["truncated_max_turns"] == 1
     assert set(report.status_counts) == {s.value for s in RolloutStatus}
 
+    assert report.task_pass_at_1 == pytest.approx([0.5, 0.0, 1.0])  # in group id order
+
     data = json.loads(report.to_json())
+    assert data["task_pass_at_1"] == pytest.approx([0.5, 0.0, 1.0])
     assert data["pass_at_k"]["value"] == pytest.approx(report.pass_at_k.value)
     assert data["env_id"] == "tir_rl/MathPython-v0" and data["wall_time_s"] == 3.5
 

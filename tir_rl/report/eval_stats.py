@@ -88,6 +88,50 @@ def bootstrap_mean(
     return Estimate(mean, min(low, mean), max(high, mean), confidence)
 
 
+def bootstrap_seeds_and_tasks(
+    per_seed_per_task: Sequence[Sequence[float]],
+    *,
+    confidence: float = 0.95,
+    num_bootstrap: int = DEFAULT_NUM_BOOTSTRAP,
+    seed: int = DEFAULT_SEED,
+) -> Estimate:
+    """Mean over runs (seeds) and tasks, with an interval that resamples both.
+
+    `per_seed_per_task[i][j]` is run i's score on task j; every run scored the same tasks in
+    the same order. Each bootstrap draw resamples the runs and, independently, the tasks, so
+    the interval carries the spread between seeds as well as which tasks were held out. With
+    one run it equals `bootstrap_mean` over that run's tasks.
+
+    Raises:
+        ValueError: no runs, no tasks, or runs of different lengths.
+    """
+    rows = [list(r) for r in per_seed_per_task]
+    if not rows or not rows[0]:
+        raise ValueError("bootstrap_seeds_and_tasks needs at least one run and one task")
+    if len({len(r) for r in rows}) != 1:
+        raise ValueError(
+            f"every run must score the same tasks; got {sorted({len(r) for r in rows})} tasks"
+        )
+    if len(rows) == 1:
+        return bootstrap_mean(
+            rows[0], confidence=confidence, num_bootstrap=num_bootstrap, seed=seed
+        )
+    num_runs, num_tasks = len(rows), len(rows[0])
+    mean = sum(map(sum, rows)) / (num_runs * num_tasks)
+    rng = random.Random(seed)
+    means = []
+    for _ in range(num_bootstrap):
+        picked_runs = rng.choices(range(num_runs), k=num_runs)
+        picked_tasks = rng.choices(range(num_tasks), k=num_tasks)
+        total = sum(rows[i][j] for i in picked_runs for j in picked_tasks)
+        means.append(total / (num_runs * num_tasks))
+    means.sort()
+    alpha = (1.0 - confidence) / 2
+    low = means[int(math.floor(alpha * (num_bootstrap - 1)))]
+    high = means[int(math.ceil((1.0 - alpha) * (num_bootstrap - 1)))]
+    return Estimate(mean, min(low, mean), max(high, mean), confidence)
+
+
 def wilson_interval(successes: int, trials: int, *, confidence: float = 0.95) -> Estimate:
     """Wilson score interval of a proportion (for pass@1 with independent samples)."""
     if trials <= 0 or not 0 <= successes <= trials:
@@ -138,6 +182,9 @@ class EvalReport:
     wall_time_s: float = 0.0
     success_threshold: float = 1.0
     num_bootstrap: int = DEFAULT_NUM_BOOTSTRAP
+    task_pass_at_1: list[float] = field(default_factory=list)
+    """pass@1 of each task, in task (group id) order: what pools runs that evaluated the same
+    tasks (`bootstrap_seeds_and_tasks`)."""
 
     def to_dict(self) -> dict:
         """Plain-JSON form."""
@@ -177,8 +224,9 @@ def build_report(
             f"k={k} needs at least k samples per task, but a task has only {samples}: "
             f"sample more per task or lower k"
         )
-    correct = [sum(t.reward >= success_threshold for t in g) for g in groups.values()]
-    sizes = [len(g) for g in groups.values()]
+    ordered = [groups[g] for g in sorted(groups)]
+    correct = [sum(t.reward >= success_threshold for t in g) for g in ordered]
+    sizes = [len(g) for g in ordered]
 
     def estimate(budget: int) -> Estimate:
         per_task = [pass_at_k(n, c, budget) for n, c in zip(sizes, correct, strict=True)]
@@ -207,6 +255,7 @@ def build_report(
         wall_time_s=wall_time_s,
         success_threshold=success_threshold,
         num_bootstrap=num_bootstrap,
+        task_pass_at_1=[pass_at_k(n, c, 1) for n, c in zip(sizes, correct, strict=True)],
     )
 
 
