@@ -14,6 +14,7 @@ plots, one line per setting (mean over seeds, a band from the lowest to the high
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import statistics
@@ -29,6 +30,7 @@ sys.path.insert(0, str(HERE))
 from settings import CORRECTIONS  # noqa: E402
 from verdict import CollapseVerdict, judge_run, values_by_step  # noqa: E402
 
+from tir_rl.report.eval_stats import bootstrap_seeds_and_tasks  # noqa: E402
 from tir_rl.report.run_log import read_metrics  # noqa: E402
 
 _RUN = re.compile(r"^(?P<setting>.+)_s(?P<seed>\d+)$")
@@ -45,6 +47,7 @@ class Run:
     seed: int
     rows: list[dict[str, Any]]
     verdict: CollapseVerdict
+    folder: Path
 
 
 def load_runs(root: Path) -> list[Run]:
@@ -56,7 +59,7 @@ def load_runs(root: Path) -> list[Run]:
         if match is None or not metrics.is_file():
             continue
         rows = read_metrics(metrics)
-        runs.append(Run(match["setting"], int(match["seed"]), rows, judge_run(rows)))
+        runs.append(Run(match["setting"], int(match["seed"]), rows, judge_run(rows), folder))
     return runs
 
 
@@ -164,6 +167,104 @@ def heldout_curves(runs: list[Run]) -> str:
             for s in steps
         ]
         lines.append(f"| {run.setting}_s{run.seed} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+REJECTED = ("token", "turn", "seq")
+"""What a correction rejects, per `mismatch/correction/masked_<what>_fraction`."""
+
+
+def final_task_scores(run: Run) -> tuple[str, list[float]] | None:
+    """The trained policy's pass@1 per held-out task (clean sampler where the run has it) and
+    which sampler that was; None when the last evaluation's file has no per-task scores."""
+    prefix = "eval_clean" if values_by_step(run.rows, CLEAN_HELDOUT) else "eval"
+    points = values_by_step(run.rows, f"{prefix}/pass_at_1")
+    if len(points) < 2:
+        return None
+    path = run.folder / f"{prefix}_step_{max(points)}.json"
+    if not path.is_file():
+        return None
+    scores = json.loads(path.read_text()).get("task_pass_at_1") or []
+    return (prefix, [float(x) for x in scores]) if scores else None
+
+
+def wall_minutes(run: Run) -> float:
+    """The run's wall time from its `DONE` marker (`run.py`), else NaN."""
+    done = run.folder / "DONE"
+    text = done.read_text() if done.is_file() else ""
+    if not text.strip() or "resumed" in text:  # a resumed run's marker times only its last part
+        return math.nan
+    return float(text.split()[0]) / 60
+
+
+def corrections_table(runs: list[Run]) -> str:
+    """One row per setting, seeds pooled: what issue 12's corrections question asks.
+
+    Outcomes are `outcome` per seed; "steps to collapse" is the training curve's collapse step
+    (`verdict.py`) of the seeds whose held-out outcome collapsed or degraded; the final
+    held-out pass@1 pools seeds and tasks with an interval that resamples both
+    (`bootstrap_seeds_and_tasks`; runs without per-task scores are left out of it and
+    counted); rejected fractions are means over the steps that made an update.
+    """
+    by_setting: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_setting[run.setting].append(run)
+    lines = [
+        "| setting | seeds | held-out outcome per seed | collapsed or degraded | "
+        "steps to collapse | final held-out pass@1 [95% CI, seeds × tasks] | start | "
+        "tokens / turns / sequences rejected | wall min |",
+        "|---" * 9 + "|",
+    ]
+    for setting in _ordered(by_setting):
+        group = sorted(by_setting[setting], key=lambda r: r.seed)
+        outcomes = [outcome(r) for r in group]
+        failed = [r for r, o in zip(group, outcomes, strict=True) if o in ("collapsed", "degraded")]
+        judged = [o for o in outcomes if o != "unfinished"]
+        steps = [
+            str(r.verdict.collapse_step) if r.verdict.collapse_step is not None else "–"
+            for r in failed
+        ]
+        scored = [(r, final_task_scores(r)) for r in group]
+        pooled = [scores for _, found in scored if found is not None for scores in [found[1]]]
+        lengths = {len(p) for p in pooled}
+        final = "–"
+        if pooled and len(lengths) == 1:
+            estimate = bootstrap_seeds_and_tasks(pooled)
+            missing = len(group) - len(pooled)
+            final = f"{estimate}" + (f" ({len(pooled)} of {len(group)} seeds)" if missing else "")
+        starts = []
+        for r in group:
+            key = CLEAN_HELDOUT if values_by_step(r.rows, CLEAN_HELDOUT) else HELDOUT
+            points = values_by_step(r.rows, key)
+            if points:
+                starts.append(points[min(points)])
+        rejected = " / ".join(
+            _fmt(
+                _mean(
+                    [
+                        _mean(list(values_by_step(r.rows, key).values()))
+                        for r in group
+                        if values_by_step(r.rows, key)
+                    ]
+                ),
+                ".2f",
+            )
+            for key in (f"mismatch/correction/masked_{what}_fraction" for what in REJECTED)
+        )
+        counts = ", ".join(
+            f"{judged.count(o)} {o}"
+            for o in ("collapsed", "degraded", "no change", "learned", "no signal")
+            if judged.count(o)
+        )
+        unfinished = len(outcomes) - len(judged)
+        if unfinished:
+            counts += f"{', ' if counts else ''}{unfinished} unfinished"
+        rate = f"{len(failed)}/{len(judged)}" if judged else "–"
+        lines.append(
+            f"| {setting} | {', '.join(str(r.seed) for r in group)} | {counts} | {rate} | "
+            f"{', '.join(steps) or '–'} | {final} | {_fmt(_mean(starts), '.2f')} | {rejected} | "
+            f"{_fmt(_mean([wall_minutes(r) for r in group]), '.1f')} |"
+        )
     return "\n".join(lines)
 
 
@@ -419,7 +520,13 @@ def main() -> None:
     runs = load_runs(args.root)
     if not runs:
         raise SystemExit(f"no runs with metrics.jsonl under {args.root}")
-    parts = (table(runs), trajectories(runs), heldout_curves(runs), breaking_point_map(runs))
+    parts = (
+        table(runs),
+        corrections_table(runs),
+        trajectories(runs),
+        heldout_curves(runs),
+        breaking_point_map(runs),
+    )
     text = "\n\n".join(t for t in parts if t)
     print(text)
     (args.root / "report.md").write_text(text + "\n")

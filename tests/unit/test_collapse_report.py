@@ -10,6 +10,7 @@ from report import (  # noqa: E402
     EARLY_STEPS,
     REWARD_BLOCK,
     breaking_point_map,
+    corrections_table,
     early_gap,
     heldout_curves,
     load_runs,
@@ -164,3 +165,48 @@ def test_a_map_cell_lists_each_seed(tmp_path):
     line = breaking_point_map(load_runs(tmp_path)).splitlines()[4]
     cell = line.split("|")[2].strip()
     assert cell.startswith("s0: **collapsed**") and "<br>s1: **learned**" in cell
+
+
+def _write_judged_run(
+    root: Path, name: str, start: float, end: float, tasks: list[float], masked: float
+) -> None:
+    folder = root / name
+    folder.mkdir()
+    rows = [
+        {"step": 0, "eval/pass_at_1": start, "eval_clean/pass_at_1": start},
+        {"step": 1, "rollout/reward_mean": 0.5, "train/grad_norm": 0.1,
+         "mismatch/correction/masked_token_fraction": masked,
+         "mismatch/correction/masked_turn_fraction": 2 * masked,
+         "mismatch/correction/masked_seq_fraction": 3 * masked},
+        {"step": 8, "eval/pass_at_1": end, "eval_clean/pass_at_1": end,
+         "eval_clean/pass_at_1_low": end - 0.1, "eval_clean/pass_at_1_high": end + 0.1},
+    ]  # fmt: skip
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "eval_clean_step_8.json").write_text(json.dumps({"task_pass_at_1": tasks}))
+    (folder / "DONE").write_text("600.0 s\n")
+
+
+def test_the_corrections_table_pools_seeds_and_tasks_per_setting(tmp_path):
+    good, bad = [1.0, 1.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]
+    _write_judged_run(tmp_path, "token_tis_s0", 0.4, 0.75, good, 0.01)
+    _write_judged_run(tmp_path, "token_tis_s1", 0.4, 0.0, bad, 0.03)
+    _write_judged_run(tmp_path, "token_tis_s2", 0.4, 0.75, good, 0.02)
+    lines = corrections_table(load_runs(tmp_path)).splitlines()
+    assert len(lines) == 3
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cells[0] == "token_tis" and cells[1] == "0, 1, 2"
+    assert cells[2] == "1 collapsed, 2 learned" and cells[3] == "1/3"
+    assert cells[5].startswith("0.500 [")  # (0.75 + 0 + 0.75) / 3, from the per-task scores
+    low, high = (float(x) for x in cells[5].split("[")[1].rstrip("]").split(","))
+    assert low < 0.3 and high > 0.7  # one of three seeds scoring nothing widens it
+    assert cells[6] == "0.40"
+    assert cells[7] == "0.02 / 0.04 / 0.06"
+    assert cells[8] == "10.0"
+
+
+def test_the_corrections_table_says_when_a_seed_lacks_per_task_scores(tmp_path):
+    _write_judged_run(tmp_path, "veto_s0", 0.4, 0.75, [1.0, 0.0, 1.0, 1.0], 0.0)
+    _write_judged_run(tmp_path, "veto_s1", 0.4, 0.75, [1.0, 0.0, 1.0, 1.0], 0.0)
+    (tmp_path / "veto_s1" / "eval_clean_step_8.json").write_text("{}")
+    cells = corrections_table(load_runs(tmp_path)).splitlines()[2].split("|")
+    assert "(1 of 2 seeds)" in cells[6]
