@@ -26,6 +26,11 @@ def _noise(std: float) -> tuple[str, ...]:
     return (f"inject.logit_noise_std={std}",)
 
 
+def _temperature(t: float) -> tuple[str, ...]:
+    """Sample (and score) at temperature `t`: raw logprobs only differ from processed off 1."""
+    return (f"rollout.temperature={t}", f"trainer.temperature={t}")
+
+
 CORRECTIONS = (
     "token_tis", "token_mis", "geo_rs_token_tis", "turn_tis", "turn_mis", "seq_mis", "geo_rs",
     "veto",
@@ -76,6 +81,8 @@ MAP_MISMATCHES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("stale_4", ("inject.sync_every=4",), "weights synced every 4 steps"),
     ("bf16_lm_head", ("inject.lm_head_dtype=bfloat16",), "sampler lm_head in bf16"),
     ("noise_3", _noise(3.0), "logit noise std 3"),
+    ("raw_T0.8", (*_temperature(0.8), "inject.raw_logprobs=true"), "raw logprobs at T 0.8"),
+    ("T0.8_no_mismatch", _temperature(0.8), "T 0.8, exact logprobs (raw_T0.8's control)"),
 )
 """The map's mismatches, most informative first (a suite cut short keeps the first ones)."""
 

@@ -16,7 +16,7 @@ from settings import MISMATCHES, suite  # noqa: E402
 
 CASES = [
     (name, mismatch, setting)
-    for name in ("corrections", "sweep", "causes", "map")
+    for name in ("corrections", "sweep", "causes", "map", "long", "breaking")
     for mismatch in (MISMATCHES if name == "corrections" else ["noise"])
     for setting in suite(name, mismatch)
 ]
@@ -47,7 +47,8 @@ def test_setting_loads_on_the_lab_config(suite_name, mismatch, setting) -> None:
     chosen = list(setting.overrides)
     overrides = ["model=tiny", *LAB_SIZE, *lab_clean_eval(True, chosen), *chosen]
     config = load(RunConfig, LAB_CONFIG, overrides)
-    assert config.run.tasks_per_step == 4 and config.trainer.train_only == ("model.norm.weight",)
+    assert config.run.tasks_per_step == (2 if suite_name == "long" else 4)
+    assert config.trainer.train_only == ("model.norm.weight",)
     assert config.run.eval_clean_sampler == (config.inject.sampler_dtype is None)
 
 
