@@ -210,3 +210,19 @@ def test_the_corrections_table_says_when_a_seed_lacks_per_task_scores(tmp_path):
     (tmp_path / "veto_s1" / "eval_clean_step_8.json").write_text("{}")
     cells = corrections_table(load_runs(tmp_path)).splitlines()[2].split("|")
     assert "(1 of 2 seeds)" in cells[6]
+
+
+def test_kept_records_give_the_same_report_as_the_run_folders(tmp_path):
+    from keep import keep
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    _write_judged_run(runs, "token_tis_s0", 0.4, 0.75, [1.0, 1.0, 0.0, 1.0], 0.01)
+    (runs / "token_tis_s0" / "checkpoints").mkdir()
+    (runs / "token_tis_s0" / "trajectories.jsonl").write_text("{}\n")
+    kept = keep(runs, tmp_path / "kept")
+    assert [p.name for p in kept] == ["token_tis_s0"]
+    assert sorted(p.name for p in kept[0].iterdir()) == [
+        "DONE", "eval_clean_step_8.json", "metrics.jsonl",
+    ]  # fmt: skip
+    assert corrections_table(load_runs(tmp_path / "kept")) == corrections_table(load_runs(runs))
