@@ -183,7 +183,20 @@ def breaking_point_suite() -> list[Setting]:
             "horizon 8, decoupled (the default update), logit noise std 0.2, no correction",
         )
     )
+    settings.append(
+        Setting(
+            "guard_skip",
+            (*where, *_noise(0.2), "correction_preset=none", *GUARD_SKIP),
+            "horizon 8, bypass, logit noise std 0.2, no correction, the guard skipping updates "
+            "from k3 > 0.002",
+        )
+    )
     return settings
+
+
+GUARD_SKIP = ('guard.absolute={"mismatch/k3_kl": 0.002}', "guard.action=skip_step")
+"""A guard that acts at the breaking point: its k3 limit sits under the gap that collapses
+bypass mode there (k3 ~4e-3), where the lab's usual 0.01 never fires."""
 
 
 MISMATCHES: dict[str, tuple[tuple[str, ...], str]] = {
