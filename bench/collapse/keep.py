@@ -15,7 +15,14 @@ import argparse
 import shutil
 from pathlib import Path
 
-RECORDS = ("config.yaml", "metrics.jsonl", "DONE", "eval_step_*.json", "eval_clean_step_*.json")
+RECORDS = (
+    "config.yaml",
+    "metrics.jsonl",
+    "DONE",
+    "attempts.txt",
+    "eval_step_*.json",
+    "eval_clean_step_*.json",
+)
 
 
 def keep(source: Path, dest: Path) -> list[Path]:

@@ -189,12 +189,10 @@ def final_task_scores(run: Run) -> tuple[str, list[float]] | None:
 
 
 def wall_minutes(run: Run) -> float:
-    """The run's wall time from its `DONE` marker (`run.py`), else NaN."""
+    """The run's wall time over all its attempts, from its `DONE` marker (`run.py`), else NaN."""
     done = run.folder / "DONE"
     text = done.read_text() if done.is_file() else ""
-    if not text.strip() or "resumed" in text:  # a resumed run's marker times only its last part
-        return math.nan
-    return float(text.split()[0]) / 60
+    return float(text.split()[0]) / 60 if text.strip() else math.nan
 
 
 def corrections_table(runs: list[Run]) -> str:

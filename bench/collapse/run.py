@@ -122,11 +122,10 @@ def main() -> None:
             started = time.perf_counter()
             with open(run_dir / "train.log", "a" if resumed else "w") as log:
                 code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
-            took = time.perf_counter() - started
+            took = record_attempt(run_dir, time.perf_counter() - started)
             if code == 0:
-                part = " (the resumed part)" if resumed else ""
-                (run_dir / DONE).write_text(f"{took:.1f} s{part}\n")
-                print(f"[collapse] {name}: finished in {took:.0f} s", flush=True)
+                (run_dir / DONE).write_text(f"{sum(took):.1f} s in {len(took)} attempt(s)\n")
+                print(f"[collapse] {name}: finished in {sum(took):.0f} s", flush=True)
             else:
                 failures.append(name)
                 print(f"[collapse] {name}: FAILED (exit {code}), see {run_dir}/train.log")
@@ -134,6 +133,21 @@ def main() -> None:
         subprocess.call([sys.executable, str(HERE / "report.py"), str(args.out)])
     if failures:
         raise SystemExit(f"failed runs: {', '.join(failures)}")
+
+
+ATTEMPTS = "attempts.txt"
+
+
+def record_attempt(run_dir: Path, seconds: float) -> list[float]:
+    """Append one attempt's wall time to `run_dir/attempts.txt`; returns every attempt's.
+
+    A run stopped and resumed (`command_for`) is timed over all its attempts, so the wall
+    time `DONE` records is the whole run's, not its last part's.
+    """
+    path = run_dir / ATTEMPTS
+    with open(path, "a") as out:
+        out.write(f"{seconds:.1f}\n")
+    return [float(line) for line in path.read_text().split()]
 
 
 def command_for(run_dir: Path, fresh: list[str]) -> tuple[list[str], bool]:

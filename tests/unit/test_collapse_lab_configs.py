@@ -92,6 +92,11 @@ def test_an_unfinished_run_resumes_from_its_checkpoint_and_one_without_starts_ag
     resumable = tmp_path / "resumable"
     (resumable / "checkpoints" / "step_50").mkdir(parents=True)
     (resumable / "checkpoints" / "step_50" / "trainer_state.json").write_text("{}")
-    assert command_for(resumable, fresh) == (
-        ["tir-rl", "train", "--resume", str(resumable)], True
-    )
+    assert command_for(resumable, fresh) == (["tir-rl", "train", "--resume", str(resumable)], True)
+
+
+def test_a_resumed_run_is_timed_over_all_its_attempts(tmp_path) -> None:
+    from run import record_attempt
+
+    assert record_attempt(tmp_path, 600.0) == [600.0]
+    assert record_attempt(tmp_path, 30.5) == [600.0, 30.5]
