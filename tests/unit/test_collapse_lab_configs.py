@@ -100,3 +100,14 @@ def test_a_resumed_run_is_timed_over_all_its_attempts(tmp_path) -> None:
 
     assert record_attempt(tmp_path, 600.0) == [600.0]
     assert record_attempt(tmp_path, 30.5) == [600.0, 30.5]
+
+
+def test_core_pinning_refuses_a_core_this_process_may_not_use() -> None:
+    import os
+
+    from run import pin_to_core
+
+    allowed = os.sched_getaffinity(0)
+    with pytest.raises(SystemExit, match="may use cores"):
+        pin_to_core(max(allowed) + 1)
+    assert os.sched_getaffinity(0) == allowed  # refused before anything changed
