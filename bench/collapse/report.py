@@ -369,8 +369,10 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
     by_setting: dict[str, list[Run]] = defaultdict(list)
     for run in runs:
         by_setting[run.setting].append(run)
+    longest = max((len(values_by_step(r.rows, "rollout/reward_mean")) for r in runs), default=0)
+    window = 10 if longest > REWARD_BLOCK else 3  # 2-4 tasks a step: a long run needs more
     panels = (
-        ("rollout/reward_mean", "training reward (trailing mean of 3)", False, 3),
+        ("rollout/reward_mean", f"training reward (trailing mean of {window})", False, window),
         (HELDOUT, "held-out pass@1 (dotted, x: clean sampler)", False, 1),
         ("train/grad_norm", "gradient norm (pre-clip)", True, 1),
         ("mismatch/k3_kl", "mismatch k3 KL", True, 1),
