@@ -119,28 +119,44 @@ def trajectories(runs: list[Run]) -> str:
     """One markdown row per run: its training reward per step, its entropy first → last.
 
     The numbers the write-up quotes per run, so that none of them needs a script of its own.
-    Runs of more than `REWARD_BLOCK` steps show the mean reward of each block of that many
-    steps instead of every step.
+    Runs of more than `REWARD_BLOCK` steps show the mean of each block of that many steps
+    instead of every step, for the reward and also for the trainer entropy and the k3 KL
+    (whose drift over a long run is what a guard with limits relative to a rolling median
+    cannot see).
     """
     longest = max((len(values_by_step(r.rows, "rollout/reward_mean")) for r in runs), default=0)
     blocked = longest > REWARD_BLOCK
     what = f"mean per {REWARD_BLOCK} steps" if blocked else "per step"
-    lines = [f"| run | rollout reward ({what}) | entropy first → last |", "|---|---|---|"]
+    header = f"| run | rollout reward ({what}) | entropy first → last |"
+    if blocked:
+        header += (
+            f" entropy (mean per {REWARD_BLOCK} steps) | k3 KL (mean per {REWARD_BLOCK} steps) |"
+        )
+    lines = [header, "|---" * header.count(" | ") + "|---|"]
     for run in sorted(runs, key=lambda r: (_ordered([r.setting])[0], r.seed)):
         rewards = values_by_step(run.rows, "rollout/reward_mean")
         entropy = values_by_step(run.rows, "train/entropy")
         if blocked:
-            blocks: dict[int, list[float]] = defaultdict(list)
-            for step, value in rewards.items():
-                blocks[(step - 1) // REWARD_BLOCK].append(value)
-            reward_text = ", ".join(f"{_mean(blocks[b]):.2f}" for b in sorted(blocks)) or "–"
+            reward_text = _block_means(rewards, ".2f")
         else:
             reward_text = ", ".join(f"{rewards[s]:.2f}" for s in sorted(rewards)) or "–"
         entropy_text = (
             f"{entropy[min(entropy)]:.2f} → {entropy[max(entropy)]:.2f}" if entropy else "–"
         )
-        lines.append(f"| {run.setting}_s{run.seed} | {reward_text} | {entropy_text} |")
+        row = f"| {run.setting}_s{run.seed} | {reward_text} | {entropy_text} |"
+        if blocked:
+            k3 = values_by_step(run.rows, "mismatch/k3_kl")
+            row += f" {_block_means(entropy, '.2f')} | {_block_means(k3, '.1e')} |"
+        lines.append(row)
     return "\n".join(lines)
+
+
+def _block_means(values: dict[int, float], spec: str) -> str:
+    """Means of `values` over steps 1-25, 26-50, ... (`REWARD_BLOCK`), comma-separated."""
+    blocks: dict[int, list[float]] = defaultdict(list)
+    for step, value in values.items():
+        blocks[(step - 1) // REWARD_BLOCK].append(value)
+    return ", ".join(format(_mean(blocks[b]), spec) for b in sorted(blocks)) or "–"
 
 
 def heldout_curves(runs: list[Run]) -> str:
