@@ -71,11 +71,32 @@ def _fmt(value: float | None, spec: str = ".3f") -> str:
     return "–" if value is None or not math.isfinite(value) else format(value, spec)
 
 
+def _by_setting(runs: list[Run]) -> dict[str, list[Run]]:
+    """The runs grouped by setting (one list of seeds each)."""
+    grouped: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        grouped[run.setting].append(run)
+    return grouped
+
+
+def _heldout_prefix(run: Run) -> str:
+    """`eval_clean` when the run evaluated with a clean sampler, else `eval` (its own)."""
+    return "eval_clean" if values_by_step(run.rows, CLEAN_HELDOUT) else "eval"
+
+
+def _heldout(run: Run) -> dict[int, float]:
+    """The run's held-out pass@1 by step, clean sampler where it has one."""
+    return values_by_step(run.rows, f"{_heldout_prefix(run)}/pass_at_1")
+
+
+def _longest(runs: list[Run]) -> int:
+    """The most training steps any run logged."""
+    return max((len(values_by_step(r.rows, "rollout/reward_mean")) for r in runs), default=0)
+
+
 def table(runs: list[Run]) -> str:
     """One markdown row per setting (seeds pooled)."""
-    by_setting: dict[str, list[Run]] = defaultdict(list)
-    for run in runs:
-        by_setting[run.setting].append(run)
+    by_setting = _by_setting(runs)
     header = (
         "| setting | collapsed | collapse step | first guard alert | alert lead | "
         "reward peak → final | held-out before → after | clean sampler before → after | "
@@ -124,7 +145,7 @@ def trajectories(runs: list[Run]) -> str:
     (whose drift over a long run is what a guard with limits relative to a rolling median
     cannot see).
     """
-    longest = max((len(values_by_step(r.rows, "rollout/reward_mean")) for r in runs), default=0)
+    longest = _longest(runs)
     blocked = longest > REWARD_BLOCK
     what = f"mean per {REWARD_BLOCK} steps" if blocked else "per step"
     header = f"| run | rollout reward ({what}) | entropy first → last |"
@@ -190,18 +211,17 @@ REJECTED = ("token", "turn", "seq")
 """What a correction rejects, per `mismatch/correction/masked_<what>_fraction`."""
 
 
-def final_task_scores(run: Run) -> tuple[str, list[float]] | None:
-    """The trained policy's pass@1 per held-out task (clean sampler where the run has it) and
-    which sampler that was; None when the last evaluation's file has no per-task scores."""
-    prefix = "eval_clean" if values_by_step(run.rows, CLEAN_HELDOUT) else "eval"
-    points = values_by_step(run.rows, f"{prefix}/pass_at_1")
+def final_task_scores(run: Run) -> list[float] | None:
+    """The trained policy's pass@1 per held-out task (clean sampler where the run has it);
+    None when the last evaluation's file has no per-task scores."""
+    points = _heldout(run)
     if len(points) < 2:
         return None
-    path = run.folder / f"{prefix}_step_{max(points)}.json"
+    path = run.folder / f"{_heldout_prefix(run)}_step_{max(points)}.json"
     if not path.is_file():
         return None
     scores = json.loads(path.read_text()).get("task_pass_at_1") or []
-    return (prefix, [float(x) for x in scores]) if scores else None
+    return [float(x) for x in scores] or None
 
 
 def wall_minutes(run: Run) -> float:
@@ -220,9 +240,7 @@ def corrections_table(runs: list[Run]) -> str:
     (`bootstrap_seeds_and_tasks`; runs without per-task scores are left out of it and
     counted); rejected fractions are means over the steps that made an update.
     """
-    by_setting: dict[str, list[Run]] = defaultdict(list)
-    for run in runs:
-        by_setting[run.setting].append(run)
+    by_setting = _by_setting(runs)
     lines = [
         "| setting | seeds | held-out outcome per seed | collapsed or degraded | "
         "steps to collapse | final held-out pass@1 [95% CI, seeds × tasks] | start | "
@@ -238,20 +256,14 @@ def corrections_table(runs: list[Run]) -> str:
             str(r.verdict.collapse_step) if r.verdict.collapse_step is not None else "–"
             for r in failed
         ]
-        scored = [(r, final_task_scores(r)) for r in group]
-        pooled = [scores for _, found in scored if found is not None for scores in [found[1]]]
+        pooled = [scores for r in group if (scores := final_task_scores(r)) is not None]
         lengths = {len(p) for p in pooled}
         final = "–"
         if pooled and len(lengths) == 1:
             estimate = bootstrap_seeds_and_tasks(pooled)
             missing = len(group) - len(pooled)
             final = f"{estimate}" + (f" ({len(pooled)} of {len(group)} seeds)" if missing else "")
-        starts = []
-        for r in group:
-            key = CLEAN_HELDOUT if values_by_step(r.rows, CLEAN_HELDOUT) else HELDOUT
-            points = values_by_step(r.rows, key)
-            if points:
-                starts.append(points[min(points)])
+        starts = [points[min(points)] for r in group if (points := _heldout(r))]
         rejected = " / ".join(
             _fmt(
                 _mean(
@@ -295,7 +307,7 @@ def outcome(run: Run) -> str:
     starting point estimate; `collapsed`: degraded to at most 0.05; `no signal`: no step made
     an update (every group degenerate).
     """
-    key = CLEAN_HELDOUT if values_by_step(run.rows, CLEAN_HELDOUT) else HELDOUT
+    key = f"{_heldout_prefix(run)}/pass_at_1"
     points = values_by_step(run.rows, key)
     if len(points) < 2:
         return "unfinished"
@@ -361,8 +373,7 @@ def early_gap(run: Run) -> tuple[float, float] | None:
 
 
 def _map_cell(run: Run) -> str:
-    key = CLEAN_HELDOUT if values_by_step(run.rows, CLEAN_HELDOUT) else HELDOUT
-    points = values_by_step(run.rows, key)
+    points = _heldout(run)
     heldout = f"{points[min(points)]:.2f} → {points[max(points)]:.2f}" if len(points) > 1 else "–"
     sizes = early_gap(run)
     gap = f"; k3 {sizes[0]:.1e}, max {sizes[1]:.2g}" if sizes is not None else ""
@@ -382,10 +393,8 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
-    by_setting: dict[str, list[Run]] = defaultdict(list)
-    for run in runs:
-        by_setting[run.setting].append(run)
-    longest = max((len(values_by_step(r.rows, "rollout/reward_mean")) for r in runs), default=0)
+    by_setting = _by_setting(runs)
+    longest = _longest(runs)
     window = 10 if longest > REWARD_BLOCK else 3  # 2-4 tasks a step: a long run needs more
     panels = (
         ("rollout/reward_mean", f"training reward (trailing mean of {window})", False, window),

@@ -86,9 +86,12 @@ MAP_MISMATCHES: tuple[tuple[str, tuple[str, ...], str], ...] = (
 )
 """The map's mismatches, most informative first (a suite cut short keeps the first ones)."""
 
+BYPASS = ("correction.bypass=ppo_clip",)
+"""Bypass mode: the sampler's logprobs serve as PPO's old logprobs (no recompute)."""
+
 MAP_HORIZONS = (8, 4)
 MAP_MODES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("bypass", ("correction.bypass=ppo_clip",)),
+    ("bypass", BYPASS),
     ("decoupled", ()),
 )
 
@@ -142,8 +145,6 @@ LONG_RUN: tuple[str, ...] = (
 """The long runs' size: 200 steps of 2 tasks x 8 samples, held-out every 25 steps, and a
 learning rate 10x below configs/lab.yaml's, at which learning spans tens of steps instead of
 five (at 5e-2 the lab policy had converged by step 5, docs/collapse.md section 1)."""
-
-BYPASS = ("correction.bypass=ppo_clip",)
 
 
 def long_suite() -> list[Setting]:

@@ -80,10 +80,16 @@ def bootstrap_mean(
     n = len(per_task)
     mean = sum(per_task) / n
     rng = random.Random(seed)
-    means = sorted(sum(rng.choices(per_task, k=n)) / n for _ in range(num_bootstrap))
+    means = [sum(rng.choices(per_task, k=n)) / n for _ in range(num_bootstrap)]
+    return _percentile_interval(mean, means, confidence)
+
+
+def _percentile_interval(mean: float, means: list[float], confidence: float) -> Estimate:
+    """`mean` with the percentile interval of its bootstrap replicates `means`."""
+    means = sorted(means)
     alpha = (1.0 - confidence) / 2
-    low = means[int(math.floor(alpha * (num_bootstrap - 1)))]
-    high = means[int(math.ceil((1.0 - alpha) * (num_bootstrap - 1)))]
+    low = means[int(math.floor(alpha * (len(means) - 1)))]
+    high = means[int(math.ceil((1.0 - alpha) * (len(means) - 1)))]
     # Percentile bounds can miss the mean by float noise on degenerate data; keep it inside.
     return Estimate(mean, min(low, mean), max(high, mean), confidence)
 
@@ -125,11 +131,7 @@ def bootstrap_seeds_and_tasks(
         picked_tasks = rng.choices(range(num_tasks), k=num_tasks)
         total = sum(rows[i][j] for i in picked_runs for j in picked_tasks)
         means.append(total / (num_runs * num_tasks))
-    means.sort()
-    alpha = (1.0 - confidence) / 2
-    low = means[int(math.floor(alpha * (num_bootstrap - 1)))]
-    high = means[int(math.ceil((1.0 - alpha) * (num_bootstrap - 1)))]
-    return Estimate(mean, min(low, mean), max(high, mean), confidence)
+    return _percentile_interval(mean, means, confidence)
 
 
 def wilson_interval(successes: int, trials: int, *, confidence: float = 0.95) -> Estimate:
@@ -228,11 +230,13 @@ def build_report(
     correct = [sum(t.reward >= success_threshold for t in g) for g in ordered]
     sizes = [len(g) for g in ordered]
 
-    def estimate(budget: int) -> Estimate:
-        per_task = [pass_at_k(n, c, budget) for n, c in zip(sizes, correct, strict=True)]
-        return bootstrap_mean(
-            per_task, confidence=confidence, num_bootstrap=num_bootstrap, seed=seed
-        )
+    def per_task(budget: int) -> list[float]:
+        return [pass_at_k(n, c, budget) for n, c in zip(sizes, correct, strict=True)]
+
+    def estimate(scores: list[float]) -> Estimate:
+        return bootstrap_mean(scores, confidence=confidence, num_bootstrap=num_bootstrap, seed=seed)
+
+    at_1 = per_task(1)
 
     num = len(trajectories)
     num_calls = sum(t.num_tool_calls for t in trajectories)
@@ -243,8 +247,8 @@ def build_report(
         num_tasks=len(groups),
         samples_per_task=samples,
         k=k,
-        pass_at_1=estimate(1),
-        pass_at_k=estimate(k),
+        pass_at_1=estimate(at_1),
+        pass_at_k=estimate(at_1 if k == 1 else per_task(k)),
         mean_reward=sum(t.reward for t in trajectories) / num,
         mean_turns=sum(num_turns(t) for t in trajectories) / num,
         mean_tool_calls=num_calls / num,
@@ -255,7 +259,7 @@ def build_report(
         wall_time_s=wall_time_s,
         success_threshold=success_threshold,
         num_bootstrap=num_bootstrap,
-        task_pass_at_1=[pass_at_k(n, c, 1) for n, c in zip(sizes, correct, strict=True)],
+        task_pass_at_1=at_1,
     )
 
 
