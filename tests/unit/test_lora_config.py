@@ -17,3 +17,11 @@ def test_enabled_lora_takes_its_settings():
 
 def test_default_section_loads_untouched():
     assert load(RunConfig, None, ["model=tiny"]).trainer.lora.enabled is False
+
+
+def test_lora_init_is_chosen_in_the_run_config_and_checked():
+    config = load(RunConfig, None, ["model=tiny", "trainer.lora.enabled=true",
+                                    "trainer.lora.init=pissa"])  # fmt: skip
+    assert config.trainer.lora.init == "pissa" and not config.trainer.lora.adapters_off_is_start
+    with pytest.raises(ConfigError, match="init 'svd' is not known: choose one of default, pissa"):
+        load(RunConfig, None, ["model=tiny", "trainer.lora.enabled=true", "trainer.lora.init=svd"])

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 ADAPTER_NAME = "default"
 """The one adapter the trainer trains (peft's default name)."""
 
+INITS = ("default", "pissa")
+"""How the adapters can start (`trainer.lora.init`)."""
+
 
 @dataclass(kw_only=True)
 class LoRAConfig:
@@ -56,6 +59,12 @@ class LoRAConfig:
     """The `nn.Linear` modules that get an adapter, as fnmatch patterns matched against the
     full module name (`model.layers.2.mlp.*`) or its last part (peft's style: `q_proj`).
     A pattern that matches no linear module is refused; so is a tied embedding or head."""
+    init: str = "default"
+    """How A and B start; either way the adapted model starts as the base model.
+    `default`: A random, B zero (LoRA's own initialisation). `pissa`: B A is the top-r part
+    of W's singular value decomposition and the frozen weight becomes the residual
+    W − scale·B A (PiSSA), so the adapters train W's principal directions, shared by every
+    output row; r must not exceed any target's smaller dimension (docs/lora.md)."""
 
     def validate(self) -> None:
         """Check values a user can get wrong; adapter settings without `enabled` are refused."""
@@ -74,6 +83,11 @@ class LoRAConfig:
             raise ConfigError(f"trainer.lora.alpha must be > 0, got {self.alpha}.")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"trainer.lora.dropout must be in [0, 1), got {self.dropout}.")
+        if self.init not in INITS:
+            raise ConfigError(
+                f"trainer.lora.init {self.init!r} is not known: choose one of "
+                f"{', '.join(INITS)}.{did_you_mean(self.init, INITS)}"
+            )
         if not self.target_modules:
             raise ConfigError(
                 "trainer.lora.target_modules is empty: name the linear modules to adapt "
@@ -84,6 +98,14 @@ class LoRAConfig:
     def scale(self) -> float:
         """The factor on B A: alpha / r."""
         return self.alpha / self.r
+
+    @property
+    def adapters_off_is_start(self) -> bool:
+        """Whether the model with its adapters disabled is the starting policy.
+
+        Not under PiSSA, whose frozen weights are the residual of the decomposition.
+        """
+        return self.init == "default"
 
 
 def import_peft() -> Any:
@@ -135,14 +157,30 @@ def wrap(model: nn.Module, config: LoRAConfig) -> nn.Module:
     """`model` inside a `peft.PeftModel` with LoRA on the targeted modules (only they train)."""
     peft = import_peft()
     targets = resolve_targets(model, config.target_modules)
+    if config.init == "pissa":
+        _check_rank_fits(model, targets, config.r)
     lora_config = peft.LoraConfig(
         r=config.r,
         lora_alpha=config.alpha,
         lora_dropout=config.dropout,
         target_modules=targets,
         bias="none",
+        init_lora_weights="pissa" if config.init == "pissa" else True,
     )
     return peft.get_peft_model(model, lora_config, adapter_name=ADAPTER_NAME)
+
+
+def _check_rank_fits(model: nn.Module, targets: list[str], r: int) -> None:
+    """PiSSA takes r singular vectors of every target: refuse a rank a target cannot give."""
+    modules = dict(model.named_modules())
+    for name in targets:
+        out_features, in_features = modules[name].weight.shape
+        if r > min(out_features, in_features):
+            raise ConfigError(
+                f"trainer.lora.init=pissa takes the top r={r} singular vectors of each target, "
+                f"but {name!r} is [{out_features}, {in_features}]: choose "
+                f"r <= {min(out_features, in_features)} or leave init at default."
+            )
 
 
 def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -120,17 +120,18 @@ def load_reference(
     policy_model: str,
     policy_path: Path,
     reference_model: str,
-    lora: bool,
+    adapters_off_is_start: bool,
     attn_implementation: str,
 ) -> tuple[nn.Module | None, ReferenceRecord]:
-    """The reference's weights (None: the LoRA policy's own base) and their record.
+    """The reference's weights (None: the LoRA policy with its adapters off) and their record.
 
     Args:
         policy: the policy as just loaded, before any update or LoRA wrapping.
         policy_model: the policy's `trainer.model` value.
         policy_path: the folder the policy was loaded from.
         reference_model: `trainer.reference_model` ("" for the policy's starting weights).
-        lora: whether the policy trains LoRA adapters (its base weights never change).
+        adapters_off_is_start: whether the policy trains LoRA adapters that start at zero, so
+            that the policy with its adapters disabled is its starting weights, unchanged.
         attn_implementation: the transformers attention kernel, as the policy's.
     """
     from tir_rl.models import resolve_model
@@ -138,7 +139,7 @@ def load_reference(
     name = reference_model or policy_model
     path = resolve_model(reference_model) if reference_model else policy_path
     weights = None
-    if not (lora and path.resolve() == policy_path.resolve()):  # LoRA's base: no copy
+    if not (adapters_off_is_start and path.resolve() == policy_path.resolve()):
         weights = load_reference_weights(
             policy,
             policy_path=policy_path,

@@ -231,9 +231,10 @@ class Trainer:
         """The frozen reference policy of the KL penalty, loaded only when the loss has one
         (`loss.kl_coef > 0`; a run config refuses this field otherwise). Empty: the policy's
         starting weights (`model`), also on resume. Else `bundled`, `tiny`, `lab` or a local
-        checkpoint folder with the policy's vocabulary. Under LoRA the default reference is
-        the policy's base with its adapters disabled (no second copy in memory); otherwise
-        it is a frozen float32 copy, sharded like the policy under FSDP2."""
+        checkpoint folder with the policy's vocabulary. Under LoRA (`init: default`) the
+        default reference is the policy with its adapters disabled (no second copy in
+        memory); otherwise, PiSSA included, it is a frozen float32 copy, sharded like the
+        policy under FSDP2."""
         lora: LoRAConfig = field(default_factory=LoRAConfig)
         """LoRA adapters (`peft`, the `tir-rl[lora]` extra): only the adapters train, and the
         engine gets the merged weights. Off unless `trainer.lora.enabled`."""
@@ -318,7 +319,9 @@ class Trainer:
                 policy_model=self.config.model,
                 policy_path=self.model_path,
                 reference_model=self.config.reference_model,
-                lora=self.lora_enabled,
+                adapters_off_is_start=(
+                    self.lora_enabled and self.config.lora.adapters_off_is_start
+                ),
                 attn_implementation=self.config.attn_implementation,
             )
         _freeze_all_but(model, self.config.train_only)

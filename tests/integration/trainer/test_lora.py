@@ -81,10 +81,12 @@ def test_merged_state_dict_is_the_base_model_plus_scaled_adapter_product(make_tr
         assert torch.equal(p, weights_before[name]), name
 
 
-def test_merged_weights_reproduce_the_adapted_model_logits(make_trainer):
+@pytest.mark.parametrize("init", ["default", "pissa"])
+def test_merged_weights_reproduce_the_adapted_model_logits(make_trainer, init):
     from transformers import AutoModelForCausalLM
 
-    trainer = lora_trainer(make_trainer)
+    lora = LoRAConfig(enabled=True, r=4, alpha=8.0, target_modules=ATTENTION, init=init)
+    trainer = lora_trainer(make_trainer, lora=lora)
     batch = make_batch()
     for _ in range(2):
         trainer.train_step(batch, adv_for(batch))
@@ -96,12 +98,16 @@ def test_merged_weights_reproduce_the_adapted_model_logits(make_trainer):
     torch.testing.assert_close(merged(input_ids=ids).logits, adapted, rtol=1e-4, atol=1e-4)
 
 
-def test_checkpoint_loads_with_peft_and_resume_reproduces_the_next_step(make_trainer, tmp_path):
+@pytest.mark.parametrize("init", ["default", "pissa"])
+def test_checkpoint_loads_with_peft_and_resume_reproduces_the_next_step(
+    make_trainer, tmp_path, init
+):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     batch = make_batch()
-    first = lora_trainer(make_trainer)
+    lora = LoRAConfig(enabled=True, r=4, alpha=8.0, target_modules=ATTENTION, init=init)
+    first = lora_trainer(make_trainer, lora=lora)
     first.train_step(batch, adv_for(batch))
     path = checkpoint.save(tmp_path / "step_1", first, data_position=3)
     merged_at_save = first.rank0_full_state_dict()
@@ -122,7 +128,7 @@ def test_checkpoint_loads_with_peft_and_resume_reproduces_the_next_step(make_tra
     for key, tensor in from_folder.state_dict().items():
         torch.testing.assert_close(tensor, merged_at_save[key], rtol=0, atol=0)
 
-    second = lora_trainer(make_trainer, seed=99)
+    second = lora_trainer(make_trainer, lora=lora, seed=99)
     resumed = checkpoint.load(path, second)
     assert resumed.step == 1 and resumed.data_position == 3
     got = second.train_step(batch, adv_for(batch))
@@ -130,6 +136,37 @@ def test_checkpoint_loads_with_peft_and_resume_reproduces_the_next_step(make_tra
     assert got.grad_norm == expected.grad_norm
     for name, p in second.model.named_parameters():
         assert torch.equal(p, expected_params[name]), name
+
+
+def test_pissa_starts_at_the_base_model_and_trains_both_factors(make_trainer):
+    """PiSSA: B A is the top-r part of W, the frozen weight its residual; the sum is W."""
+    from transformers import AutoModelForCausalLM
+
+    lora = LoRAConfig(enabled=True, r=4, alpha=4.0, target_modules=ATTENTION, init="pissa")
+    trainer = lora_trainer(make_trainer, lora=lora)
+    base = AutoModelForCausalLM.from_pretrained(trainer.model_path, dtype=torch.float32)
+    merged = trainer.rank0_full_state_dict()
+    for key, tensor in base.state_dict().items():
+        torch.testing.assert_close(merged[key], tensor, rtol=1e-5, atol=1e-5)
+    named = dict(trainer.model.named_parameters())
+    residual = named["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"]
+    original = base.state_dict()["model.layers.0.self_attn.q_proj.weight"]
+    assert (residual.detach().cpu() - original).abs().max() > 1e-3  # W itself was replaced
+    b = named["base_model.model.model.layers.0.self_attn.q_proj.lora_B.default.weight"]
+    assert b.detach().abs().max() > 0  # unlike LoRA's default, B does not start at zero
+
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    batch = make_batch()
+    trainer.train_step(batch, adv_for(batch))
+    moved = {n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])}
+    assert any(".lora_A." in n for n in moved) and any(".lora_B." in n for n in moved)
+    assert all(".lora_" in n for n in moved)
+
+
+def test_pissa_rank_above_a_targets_dimension_is_refused(make_trainer):
+    lora = LoRAConfig(enabled=True, r=4096, alpha=8.0, target_modules=("q_proj",), init="pissa")
+    with pytest.raises(ConfigError, match="top r=4096 singular vectors.*choose r <="):
+        lora_trainer(make_trainer, lora=lora)
 
 
 def test_resume_refuses_a_checkpoint_of_the_other_kind(make_trainer, tmp_path):
@@ -144,6 +181,7 @@ def test_resume_refuses_a_checkpoint_of_the_other_kind(make_trainer, tmp_path):
         (LoRAConfig(enabled=True, r=0), (), "positive rank"),
         (LoRAConfig(enabled=True, dropout=1.0), (), "dropout"),
         (LoRAConfig(enabled=True, target_modules=()), (), "target_modules is empty"),
+        (LoRAConfig(enabled=True, init="pisa"), (), "init 'pisa' is not known.*pissa"),
         (LoRAConfig(enabled=True), ("model.norm.weight",), "train_only both choose"),
     ],
 )

@@ -217,3 +217,25 @@ def test_lora_reference_is_the_base_model_with_its_adapters_disabled(kl_trainer,
     assert torch.equal(trainer.compute_logprobs(batch), policy)  # adapters on again
     assert not torch.equal(policy, start)
     assert result.metrics["train/ref_kl"] > 0
+
+
+def test_pissa_reference_is_a_frozen_copy_of_the_starting_weights(kl_trainer, tiny_model_path):
+    """PiSSA's frozen weights are a residual, so adapters-off is not the start: copy it."""
+    pytest.importorskip("peft", reason='peft is not installed (pip install "tir-rl[lora]")')
+    lora = LoRAConfig(enabled=True, r=4, alpha=4.0, target_modules=("q_proj", "v_proj"),
+                      init="pissa")  # fmt: skip
+    trainer = kl_trainer(lora=lora, lr=1e-2)
+    reference = trainer.reference
+    assert reference is not None and not reference.adapters_disabled
+    assert reference.model is not trainer.model
+    batch = make_batch()
+    base = Trainer(Trainer.Config(model=str(tiny_model_path), micro_batch_tokens=24,
+                                  device=trainer.config.device))  # fmt: skip
+    start = base.compute_logprobs(batch)
+    assert torch.equal(trainer.compute_reference_logprobs(batch), start)
+    with trainer.model.disable_adapter():  # the residual alone is another policy
+        residual = trainer.compute_logprobs(batch)
+    assert (residual - start).abs().max() > 1e-3
+    for _ in range(2):
+        trainer.train_step(batch, ADVANTAGES)
+    assert torch.equal(trainer.compute_reference_logprobs(batch), start)
