@@ -2,12 +2,14 @@
 
     python bench/lora_lab_learning.py --targets lm_head --r 16 --alpha 256 --lr 1e-2
     python bench/lora_lab_learning.py --targets model.layers.2.self_attn.o_proj --lr 5e-3
+    python bench/lora_lab_learning.py --targets lm_head --init pissa --r 48 --alpha 48 --lr 3e-3 \
+        --steps 12
 
-The run is `tests/integration/train/test_train_learns.py`'s (the lab model at logit scale
-0.36, MultiHop horizon 1, 6 steps of 6 tasks x 4 samples, held-out pass@1 on 64 tasks) with
-LoRA adapters on `--targets` instead of the final norm's weight. Prints held-out pass@1
-before -> after with 95% intervals and the training reward per step. About 2.5 minutes on
-the quiet 2-core machine.
+The run is `configs/lab_learns.yaml`, that of `tests/integration/train/test_train_learns.py`
+(the lab model at logit scale 0.36, MultiHop horizon 1, 6 steps of 6 tasks x 4 samples,
+held-out pass@1 on 64 tasks), with LoRA adapters on `--targets` instead of the final norm's
+weight. Prints held-out pass@1 before -> after with 95% intervals and the training reward per
+step. About 2.5 minutes on the quiet 2-core machine (6 steps).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "lab_learns.yaml"
+"""The learning tests' run; the adapters replace its `trainer.train_only`."""
 START_SCALE = 0.36
 """The learning test's starting logit scale: held-out pass@1 about 0.2-0.3 at horizon 1."""
 
@@ -26,7 +30,9 @@ def main() -> None:
     parser.add_argument("--r", type=int, default=16)
     parser.add_argument("--alpha", type=float, default=32.0)
     parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument("--init", default="default", help="trainer.lora.init: default|pissa")
     parser.add_argument("--seed", type=int, default=0, help="run.seed (the task stream)")
+    parser.add_argument("--steps", type=int, default=6, help="run.steps (the test's: 6)")
     args = parser.parse_args()
 
     from tir_rl.config import load
@@ -41,33 +47,19 @@ def main() -> None:
         model = prepare_lab_model(LabModelSpec(logit_scale=START_SCALE), out / "lab")
         config = load(
             RunConfig,
-            None,
+            CONFIG,
             [
                 f"model={model}",
                 f"run.out_dir={out}",
                 "run.name=lora",
                 f"run.seed={args.seed}",
-                "run.steps=6",
-                "run.tasks_per_step=6",
-                "run.group_size=4",
-                "run.eval_tasks=64",
-                "run.save_trajectories=0",
-                "run.parity_tolerance=1e-2",
-                "env.id=tir_rl/MultiHop-v0",
-                "env.kwargs={horizon: 1}",
-                "rollout.max_turns=3",
-                "rollout.max_tokens_per_turn=48",
-                "rollout.max_concurrent_episodes=64",
-                "rollout.end_on_truncated_turn=false",
-                "engine.max_model_len=2048",
-                "engine.kv_cache_gib=0.25",
-                "engine.enable_prefix_caching=true",
-                "engine.block_size=32",
-                "correction_preset=geo_rs_token_tis",
+                f"run.steps={args.steps}",
+                "trainer.train_only=[]",
                 "trainer.lora.enabled=true",
                 f"trainer.lora.target_modules=[{', '.join(args.targets)}]",
                 f"trainer.lora.r={args.r}",
                 f"trainer.lora.alpha={args.alpha}",
+                f"trainer.lora.init={args.init}",
                 f"trainer.lr={args.lr}",
             ],
         )
@@ -78,8 +70,8 @@ def main() -> None:
             if "rollout/reward_mean" in r
         ]
     print(
-        f"\nLoRA on {', '.join(args.targets)} (r {args.r}, alpha {args.alpha:g}, lr {args.lr:g}, "
-        f"seed {args.seed})\n"
+        f"\nLoRA on {', '.join(args.targets)} (init {args.init}, r {args.r}, alpha {args.alpha:g}, "
+        f"lr {args.lr:g}, seed {args.seed}, {args.steps} steps)\n"
         f"held-out pass@1: {summary.accuracy_before} -> {summary.accuracy_after}\n"
         f"training reward per step: {' '.join(f'{r:.2f}' for r in rewards)}"
     )

@@ -210,8 +210,13 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_adapter(model: nn.Module, folder: Path) -> None:
-    """Write the adapter where `peft.PeftModel.from_pretrained(base, folder)` loads it."""
-    model.save_pretrained(folder, safe_serialization=True)
+    """Write the adapter where `peft.PeftModel.from_pretrained(base, folder)` loads it.
+
+    A and B only: peft would also save the base weight of a targeted `lm_head` (it counts it
+    as an embedding layer), 4 bytes per vocabulary entry × hidden size, which the base model
+    already holds (PiSSA's residual included: peft recomputes it on load).
+    """
+    model.save_pretrained(folder, safe_serialization=True, save_embedding_layers=False)
 
 
 def load_adapter(model: nn.Module, folder: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -161,6 +162,40 @@ def test_pissa_starts_at_the_base_model_and_trains_both_factors(make_trainer):
     moved = {n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])}
     assert any(".lora_A." in n for n in moved) and any(".lora_B." in n for n in moved)
     assert all(".lora_" in n for n in moved)
+
+
+def test_pissa_on_an_untied_head_checkpoints_only_the_adapter_and_loads_with_peft(
+    tiny_model_path, device, tmp_path
+):
+    """The learning test's set-up (PiSSA on lm_head), on a copy of the tiny model whose head
+    is untied: peft counts lm_head as an embedding layer and would also save its (residual)
+    base weight; the adapter folder holds A and B only, and loads on the original base."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    shutil.copytree(tiny_model_path, tmp_path / "untied")  # tokenizer files too
+    untied = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    untied.config.tie_word_embeddings = False
+    untied.lm_head.weight = torch.nn.Parameter(untied.model.embed_tokens.weight.detach().clone())
+    untied.save_pretrained(tmp_path / "untied")
+    lora = LoRAConfig(enabled=True, r=4, alpha=4.0, target_modules=("lm_head",), init="pissa")
+    config = Trainer.Config(model=str(tmp_path / "untied"), lora=lora, lr=1e-2, device=device)
+    trainer = Trainer(config)
+    batch = make_batch()
+    trainer.train_step(batch, adv_for(batch))
+    path = checkpoint.save(tmp_path / "step_1", trainer)
+    merged_at_save = trainer.rank0_full_state_dict()
+
+    saved = peft.utils.load_peft_weights(str(path / checkpoint.ADAPTER_DIR), device="cpu")
+    assert sorted(saved) == [
+        "base_model.model.lm_head.lora_A.weight",
+        "base_model.model.lm_head.lora_B.weight",
+    ]
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "untied", dtype=torch.float32)
+    adapted = PeftModel.from_pretrained(base, path / checkpoint.ADAPTER_DIR)
+    merged_by_peft = adapted.merge_and_unload().state_dict()
+    for key, tensor in merged_at_save.items():
+        torch.testing.assert_close(merged_by_peft[key], tensor, rtol=1e-5, atol=1e-5)
 
 
 def test_pissa_rank_above_a_targets_dimension_is_refused(make_trainer):
