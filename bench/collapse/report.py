@@ -214,10 +214,11 @@ REJECTED = ("token", "turn", "seq")
 def final_task_scores(run: Run) -> list[float] | None:
     """The trained policy's pass@1 per held-out task (clean sampler where the run has it);
     None when the last evaluation's file has no per-task scores."""
-    points = _heldout(run)
+    prefix = _heldout_prefix(run)
+    points = values_by_step(run.rows, f"{prefix}/pass_at_1")
     if len(points) < 2:
         return None
-    path = run.folder / f"{_heldout_prefix(run)}_step_{max(points)}.json"
+    path = run.folder / f"{prefix}_step_{max(points)}.json"
     if not path.is_file():
         return None
     scores = json.loads(path.read_text()).get("task_pass_at_1") or []

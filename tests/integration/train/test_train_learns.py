@@ -27,18 +27,14 @@ CONFIG = Path(__file__).resolve().parents[3] / "configs" / "lab_learns.yaml"
 START_SCALE = 0.36
 """Logit scale of the starting model: held-out pass@1 about 0.2-0.3 at horizon 1."""
 
-def run_lab_learning(tmp_path, *overrides: str):
+
+def test_grpo_raises_held_out_pass_at_1_of_the_lab_model(tmp_path):
     model = prepare_lab_model(LabModelSpec(logit_scale=START_SCALE), tmp_path / "lab")
-    config = load(RunConfig, CONFIG, [f"model={model}", f"run.out_dir={tmp_path}", *overrides])
+    config = load(RunConfig, CONFIG, [f"model={model}", f"run.out_dir={tmp_path}"])
     summary = run_train(config)
     before, after = summary.accuracy_before, summary.accuracy_after
     assert before is not None and after is not None
     rows = read_metrics(summary.run_dir)
     rewards = [r["rollout/reward_mean"] for r in rows if "rollout/reward_mean" in r]
-    return before, after, rewards
-
-
-def test_grpo_raises_held_out_pass_at_1_of_the_lab_model(tmp_path):
-    before, after, rewards = run_lab_learning(tmp_path)
     assert after.value - before.value >= 0.25, (str(before), str(after), rewards)
     assert after.low > before.high, (str(before), str(after), rewards)
