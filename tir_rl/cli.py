@@ -72,7 +72,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
         + (" (interrupted)" if summary.interrupted else "")
         + (" (stopped by the collapse guard)" if summary.stopped_by_guard else "")
     )
-    print(describe_change("held-out pass@1", summary.accuracy_before, summary.accuracy_after))
+    print(
+        describe_change(
+            "held-out pass@1",
+            summary.accuracy_before,
+            summary.accuracy_after,
+            summary.accuracy_change,
+        )
+    )
     print(f"plots: {summary.run_dir / 'plots'}   metrics: {summary.run_dir / 'metrics.jsonl'}")
     return summary.exit_status
 

@@ -47,6 +47,7 @@ from tir_rl import distributed as tdist
 from tir_rl.config import dump, load, to_dict
 from tir_rl.errors import ConfigError, ParityError, TirError
 from tir_rl.mismatch.injection import MismatchInjection
+from tir_rl.report.eval_stats import bootstrap_paired_change
 from tir_rl.report.step_metrics import StepOutcome, episode_row, step_row
 from tir_rl.run_config import RunConfig
 from tir_rl.trainer import checkpoint
@@ -79,6 +80,9 @@ class TrainSummary:
     """Held-out pass@1 before the first step, with its 95% bootstrap interval over tasks."""
     accuracy_after: Estimate | None = None
     """The same after the last step."""
+    accuracy_change: Estimate | None = None
+    """After minus before, task by task over the same held-out tasks, with its 95% bootstrap
+    interval (`bootstrap_paired_change`): the run improved the policy when it lies above 0."""
     interrupted: bool = False
     stopped_by_guard: bool = False
     wall_time_s: float = 0.0
@@ -307,7 +311,8 @@ class _TrainLoop:
 
         cfg = self.config.run
         try:
-            self.summary.accuracy_before = self._evaluate_shared(self.start_step, "before")
+            before = self._evaluate_shared(self.start_step, "before")
+            self.summary.accuracy_before = before.pass_at_1 if before is not None else None
             steps = range(self.start_step, cfg.steps)
             bar = tqdm(steps, desc="train", unit="step") if self.rank0 else None
             for step in bar if bar is not None else steps:
@@ -328,7 +333,12 @@ class _TrainLoop:
                     logger.warning("collapse guard asked to stop at step %d", step)
                     self.summary.stopped_by_guard = True
                     break
-            self.summary.accuracy_after = self._evaluate_shared(self.summary.steps_done, "after")
+            after = self._evaluate_shared(self.summary.steps_done, "after")
+            self.summary.accuracy_after = after.pass_at_1 if after is not None else None
+            if before is not None and after is not None:
+                self.summary.accuracy_change = bootstrap_paired_change(
+                    before.task_pass_at_1, after.task_pass_at_1
+                )
             self.ended_together = True
         except KeyboardInterrupt:
             logger.warning("interrupted: saving a checkpoint at step %d", self.summary.steps_done)
@@ -352,21 +362,22 @@ class _TrainLoop:
     def _ended_together(self) -> None:
         self.ended_together = True
 
-    def _evaluate_shared(self, step: int, when: str) -> Estimate | None:
+    def _evaluate_shared(self, step: int, when: str) -> EvalReport | None:
+        """Held-out evaluation on rank 0 (None on the other ranks)."""
         clean = self.config.run.eval_clean_sampler
         separate_clean = clean and self.injection.changes_sampling
 
-        def evaluate() -> tuple[Estimate, list[None]]:
+        def evaluate() -> tuple[EvalReport, list[None]]:
             report, trajectories = self._evaluate()
             self._log_evaluation(step, when, "eval", report, trajectories)
             if clean and not separate_clean:  # the run's sampler is the clean one
                 self._log_evaluation(step, when, "eval_clean", report, trajectories)
-            return report.pass_at_1, [None] * self.world
+            return report, [None] * self.world
 
-        accuracy, _ = self._share(evaluate)
+        report, _ = self._share(evaluate)
         if separate_clean:
             self._evaluate_clean_shared(step, when)
-        return accuracy
+        return report
 
     def _evaluate_clean_shared(self, step: int, when: str) -> None:
         """Held-out evaluation of the trainer's exact weights (`run.eval_clean_sampler`).

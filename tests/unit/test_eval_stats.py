@@ -7,6 +7,7 @@ from tir_rl.report.eval_stats import (
     Estimate,
     EvalReport,
     bootstrap_mean,
+    bootstrap_paired_change,
     bootstrap_seeds_and_tasks,
     build_report,
     describe_change,
@@ -86,6 +87,30 @@ def test_the_interval_over_seeds_and_tasks_refuses_ragged_or_empty_input():
         bootstrap_seeds_and_tasks([[1.0, 0.0], [1.0]])
     with pytest.raises(ValueError, match="at least one run"):
         bootstrap_seeds_and_tasks([])
+
+
+def test_a_paired_change_sees_a_rise_that_the_two_marginal_intervals_cannot():
+    # 40 tasks of mixed difficulty, every one of them solved a little more often after.
+    before = [0.0, 0.25, 0.5, 0.75] * 10
+    after = [b + 0.125 for b in before]
+    marginal_before, marginal_after = bootstrap_mean(before), bootstrap_mean(after)
+    assert marginal_after.low <= marginal_before.high  # the marginal intervals overlap
+    change = bootstrap_paired_change(before, after)
+    assert change.value == pytest.approx(0.125)
+    assert change.low == pytest.approx(0.125) and change.high == pytest.approx(0.125)
+
+
+def test_a_paired_change_of_two_noisy_evaluations_of_one_policy_straddles_zero():
+    before = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0] * 8
+    after = [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0] * 8  # the same rate, other tasks
+    change = bootstrap_paired_change(before, after)
+    assert change.value == pytest.approx(0.0)
+    assert change.low < 0.0 < change.high
+
+
+def test_a_paired_change_refuses_evaluations_of_different_tasks():
+    with pytest.raises(ValueError, match="same tasks"):
+        bootstrap_paired_change([1.0, 0.0], [1.0])
 
 
 def test_wilson_interval_contains_the_proportion_and_shrinks():
@@ -206,6 +231,15 @@ def test_describe_change_says_whether_the_intervals_overlap():
     )
     close = describe_change("held-out pass@1", before, Estimate(0.30, 0.20, 0.41))
     assert close.endswith("(change +0.050; the 95% intervals overlap)")
+
+
+def test_describe_change_gives_the_paired_change_when_it_has_one():
+    before, after = Estimate(0.25, 0.16, 0.36), Estimate(0.33, 0.25, 0.42)
+    line = describe_change("held-out pass@1", before, after, Estimate(0.08, 0.02, 0.14))
+    assert line == (
+        "held-out pass@1: 0.250 [0.160, 0.360] -> 0.330 [0.250, 0.420] "
+        "(change +0.080 [+0.020, +0.140], paired over the same tasks)"
+    )
 
 
 def test_describe_change_without_one_side():

@@ -94,6 +94,38 @@ def _percentile_interval(mean: float, means: list[float], confidence: float) -> 
     return Estimate(mean, min(low, mean), max(high, mean), confidence)
 
 
+def bootstrap_paired_change(
+    before: Sequence[float],
+    after: Sequence[float],
+    *,
+    confidence: float = 0.95,
+    num_bootstrap: int = DEFAULT_NUM_BOOTSTRAP,
+    seed: int = DEFAULT_SEED,
+) -> Estimate:
+    """Mean of `after[j] - before[j]` over tasks, with a bootstrap interval over tasks.
+
+    Both evaluations scored the same tasks in the same order, so each task is its own control:
+    how hard a task is cancels out of its difference, and the interval of the change is
+    narrower than the two marginal intervals suggest. The question "did this run improve the
+    policy?" is whether this interval lies above 0, not whether `bootstrap_mean`'s intervals of
+    before and after are disjoint (a stricter and far less powerful test).
+
+    Raises:
+        ValueError: no tasks, or the two evaluations scored different numbers of tasks.
+    """
+    if len(before) != len(after):
+        raise ValueError(
+            f"a paired change needs the same tasks before and after; got {len(before)} tasks "
+            f"before and {len(after)} after"
+        )
+    return bootstrap_mean(
+        [a - b for b, a in zip(before, after, strict=True)],
+        confidence=confidence,
+        num_bootstrap=num_bootstrap,
+        seed=seed,
+    )
+
+
 def bootstrap_seeds_and_tasks(
     per_seed_per_task: Sequence[Sequence[float]],
     *,
@@ -303,15 +335,29 @@ def format_table(report: EvalReport) -> str:
     return "\n".join(lines)
 
 
-def describe_change(what: str, before: Estimate | None, after: Estimate | None) -> str:
-    """One line: `what` before -> after with intervals, and whether the intervals overlap."""
+def describe_change(
+    what: str,
+    before: Estimate | None,
+    after: Estimate | None,
+    change: Estimate | None = None,
+) -> str:
+    """One line: `what` before -> after with intervals, and the change.
+
+    With `change` (the paired difference over the same tasks, `bootstrap_paired_change`) the
+    line gives its interval; without it, whether the two marginal intervals overlap.
+    """
     if before is None or after is None:
         shown = [
             f"{name} {e}" for name, e in (("before", before), ("after", after)) if e is not None
         ]
         return f"{what}: " + (", ".join(shown) if shown else "not measured")
-    apart = after.low > before.high or after.high < before.low
     pct = int(round(after.confidence * 100))
+    if change is not None:
+        return (
+            f"{what}: {before} -> {after} (change {change.value:+.3f} "
+            f"[{change.low:+.3f}, {change.high:+.3f}], paired over the same tasks)"
+        )
+    apart = after.low > before.high or after.high < before.low
     return (
         f"{what}: {before} -> {after} (change {after.value - before.value:+.3f}; the {pct}% "
         f"intervals {'do not overlap' if apart else 'overlap'})"

@@ -76,7 +76,13 @@ def trained(tmp_path_factory):
 def test_training_writes_readable_run_outputs(trained):
     run_dir = trained.run_dir
     assert trained.steps_done == 2
-    assert trained.accuracy_before is not None and trained.accuracy_after is not None
+    before, after = trained.accuracy_before, trained.accuracy_after
+    assert before is not None and after is not None
+    # the paired change is the mean of the per-task differences: the difference of the means
+    change = trained.accuracy_change
+    assert change is not None
+    assert change.value == pytest.approx(after.value - before.value)
+    assert change.low <= change.value <= change.high
     rows = read_metrics(run_dir / "metrics.jsonl")
     train_rows = [r for r in rows if "train/grad_norm" in r]
     assert [r["step"] for r in train_rows] == [1, 2]
