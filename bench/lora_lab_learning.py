@@ -18,9 +18,13 @@ tasks, and the training reward per step. About 2.5 minutes on the quiet 2-core m
 from __future__ import annotations
 
 import argparse
-import os
+import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "collapse"))
+
+from run import pin_to_core  # noqa: E402  (the collapse lab's pinning: bench/collapse/run.py)
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "lab_learns.yaml"
 """The learning tests' run; the adapters replace its `trainer.train_only`."""
@@ -43,8 +47,7 @@ def main() -> None:
     parser.add_argument("--core", type=int, help="keep the run (trainer, vLLM) on this core")
     args = parser.parse_args()
     if args.core is not None:
-        os.sched_setaffinity(0, {args.core})
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(args.core)
+        pin_to_core(args.core)
 
     from tir_rl.config import load
     from tir_rl.lab_model import LabModelSpec

@@ -351,13 +351,13 @@ def describe_change(
             f"{name} {e}" for name, e in (("before", before), ("after", after)) if e is not None
         ]
         return f"{what}: " + (", ".join(shown) if shown else "not measured")
-    pct = int(round(after.confidence * 100))
     if change is not None:
         return (
             f"{what}: {before} -> {after} (change {change.value:+.3f} "
             f"[{change.low:+.3f}, {change.high:+.3f}], paired over the same tasks)"
         )
     apart = after.low > before.high or after.high < before.low
+    pct = int(round(after.confidence * 100))
     return (
         f"{what}: {before} -> {after} (change {after.value - before.value:+.3f}; the {pct}% "
         f"intervals {'do not overlap' if apart else 'overlap'})"
