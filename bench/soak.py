@@ -143,7 +143,10 @@ class FaultScriptEngine:
         text = script[min(turn, len(script) - 1)]
         ids = [*self.tokenizer(text, add_special_tokens=False)["input_ids"], self.im_end]
         return GenerateResult(
-            token_ids=ids, logprobs=[0.0] * len(ids), finish_reason=FinishReason.STOP
+            token_ids=ids,
+            logprobs=[0.0] * len(ids),
+            policy_versions=[0] * len(ids),
+            finish_reason=FinishReason.STOP,
         )
 
 

@@ -28,6 +28,7 @@ from tir_rl.mismatch.injection import MismatchInjection
 from tir_rl.report.sinks import DEFAULT_LOGGERS, LoggerName, check_logger_names
 from tir_rl.report.wandb_sink import WandbSink, require_wandb
 from tir_rl.rollout import Rollout
+from tir_rl.rollout.buffer import LateGroups
 from tir_rl.sandbox import SandboxConfig
 from tir_rl.trainer import Trainer
 from tir_rl.trainer.loss import GRPOLoss
@@ -79,7 +80,18 @@ class RunSection:
     parity_tolerance: float = 1e-3
     """Largest sampler/trainer logprob gap allowed on the probe after each weight sync."""
     seed: int = 0
-    """Seed of the task stream (train tasks of step s are a function of seed and s)."""
+    """Seed of the task stream (the task of group index g is a function of seed and g; with
+    `max_staleness` 0, step s trains on groups s·tasks_per_step ... (s+1)·tasks_per_step − 1)."""
+    max_staleness: int = 0
+    """k: the most policy versions (optimizer steps) a sampled token may lag the weights it
+    is trained from. 0: the synchronous on-policy loop (rollouts, update and weight sync take
+    turns). k > 0: rollouts go on while the trainer updates, new weights reach the engine in
+    flight, and a group is admitted only if it will be trained within k versions of the
+    weights the engine holds (docs/async.md)."""
+    late_groups: LateGroups = LateGroups.WAIT
+    """What a step does about its groups still being played (k > 0): `wait` for them (every
+    admitted group is trained on), or `drop` them and admit new tasks (favours short
+    episodes; counted in `async/dropped_groups`)."""
     loggers: list[LoggerName] = field(default_factory=lambda: list(DEFAULT_LOGGERS))
     """Where metrics go: `jsonl` (`metrics.jsonl`, always: plots and `--resume` read it),
     `tensorboard` (`tensorboard/`), `wandb` (Weights & Biases, set up in the `wandb`
@@ -91,6 +103,10 @@ class RunSection:
         for name in ("steps", "tasks_per_step", "group_size", "eval_tasks"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"run.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_staleness < 0:
+            raise ConfigError(
+                f"run.max_staleness must be >= 0 (0: synchronous), got {self.max_staleness}"
+            )
         for name in ("eval_every", "checkpoint_every", "plot_every", "save_trajectories"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"run.{name} must be >= 0, got {getattr(self, name)}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tir_rl.engine.base import Engine
+from tir_rl.engine.activity import MeteredEngine
 from tir_rl.errors import ConfigError
 from tir_rl.run_config import EnvSection, RunConfig
 from tir_rl.types import Trajectory
@@ -52,7 +52,8 @@ class Runtime:
     config: RunConfig
     model_path: Path
     tokenizer: Tokenizer
-    engine: Engine
+    engine: MeteredEngine
+    """The configured engine, measuring its busy time."""
     rollout: Rollout
 
     def run_episodes(self, specs: Sequence[EpisodeSpec]) -> list[Trajectory]:
@@ -83,7 +84,7 @@ def open_runtime(config: RunConfig) -> Iterator[Runtime]:
     model_path = resolve_model(config.model)
     sandbox.configure(config.sandbox)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    engine = build_engine(config.engine, model_path)
+    engine = MeteredEngine(build_engine(config.engine, model_path))
     try:
         rollout = Rollout(engine, tokenizer, config.rollout, chat_config=config.chat)
         runtime = Runtime(config, model_path, tokenizer, engine, rollout)

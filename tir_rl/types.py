@@ -110,6 +110,10 @@ class ToolResult:
         return self.error is None
 
 
+UNVERSIONED = -1
+"""The policy version of a token no engine sampled (rendered turns, tool output)."""
+
+
 class RolloutStatus(StrEnum):
     """How an episode ended."""
 
@@ -166,12 +170,21 @@ class Trajectory:
     timings: EpisodeTimings = field(default_factory=EpisodeTimings)
     error: str | None = None
     """Human-readable account of what failed, for error statuses."""
+    policy_versions: list[int] = field(default_factory=list)
+    """Per completion token, the policy version (trainer optimizer steps) of the weights
+    that sampled it; `UNVERSIONED` (-1) for rendered tokens (loss mask 0). A trajectory
+    spans several versions when the weights changed while it was played. Empty when no
+    engine recorded them (trajectories built by hand, or saved before versions existed)."""
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
         lengths = (len(self.loss_mask), len(self.sampler_logprobs), len(self.turn_ids))
         assert all(length == n for length in lengths), (
             f"per-token lists must match completion length {n}, got {lengths}"
+        )
+        assert len(self.policy_versions) in (0, n), (
+            f"policy_versions must be empty or match completion length {n}, "
+            f"got {len(self.policy_versions)}"
         )
 
     @property

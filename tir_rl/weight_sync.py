@@ -102,13 +102,18 @@ class WeightSync:
         logprobs = parity.transformers_logprobs(trainer.model, self.probe_ids).tolist()
         return PreparedSync(state, logprobs)
 
-    async def rank0_send(self, engine: Engine, prepared: PreparedSync) -> parity.ParityReport:
+    async def rank0_send(
+        self, engine: Engine, prepared: PreparedSync, version: int
+    ) -> parity.ParityReport:
         """Rank 0: load the prepared weights into the engine, then run the parity probe.
+
+        The update lands in flight (`Engine.update_weights`): the engine's later tokens carry
+        policy version `version`.
 
         Raises:
             ParityError: the gap exceeds the tolerance (never while injecting).
         """
-        await engine.update_weights(prepared.state)
+        await engine.update_weights(prepared.state, version=version)
         return await parity.probe_parity(  # looked up at call time, so a test may replace it
             engine,
             lambda ids: prepared.trainer_logprobs,

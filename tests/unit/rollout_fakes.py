@@ -92,10 +92,17 @@ class FakeEngine:
             logprobs_mode="processed_logprobs",
         )
         self._im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.policy_version = 0
+        """Label of every token sampled now; `update_weights(..., version=v)` sets it."""
 
     @property
     def model_info(self) -> ModelInfo:
         return self._info
+
+    async def update_weights(self, state_dict: Any, *, version: int | None = None) -> None:
+        self.log.add("update_weights", version)
+        if version is not None:
+            self.policy_version = version
 
     def identify(self, prompt: list[int]) -> tuple[int, int]:
         text = self.tokenizer.decode(prompt)
@@ -132,7 +139,12 @@ class FakeEngine:
                 logprobs[: request.max_tokens],
                 (FinishReason.LENGTH),
             )
-        result = GenerateResult(token_ids=ids, logprobs=logprobs, finish_reason=finish)
+        result = GenerateResult(
+            token_ids=ids,
+            logprobs=logprobs,
+            policy_versions=[self.policy_version] * len(ids),
+            finish_reason=finish,
+        )
         self.results[(episode, turn)] = result
         return result
 

@@ -109,7 +109,7 @@ def test_even_split_is_contiguous_and_balanced(n, parts, sizes):
 
 
 def test_nproc_per_node_reruns_train_under_torchrun(monkeypatch):
-    from tir_rl import train
+    from tir_rl.train import loop as train
 
     seen = []
 

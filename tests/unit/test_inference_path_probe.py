@@ -46,6 +46,7 @@ class FakePathEngine:
         return GenerateResult(
             token_ids=ids,
             logprobs=[lp + shift for lp in logprobs],
+            policy_versions=[0] * len(ids),
             finish_reason=FinishReason.LENGTH,
         )
 

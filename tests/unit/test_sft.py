@@ -106,7 +106,10 @@ class FakeOracleEngine:
         ids = self.tokenizer(self.texts[turn], add_special_tokens=False)["input_ids"]
         ids = [*ids, self.im_end]
         return GenerateResult(
-            token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason=FinishReason.STOP
+            token_ids=ids,
+            logprobs=[-0.5] * len(ids),
+            policy_versions=[0] * len(ids),
+            finish_reason=FinishReason.STOP,
         )
 
 

@@ -53,6 +53,7 @@ class RecordingEngine:
     def __init__(self, logprobs: list[float]) -> None:
         self.logprobs = logprobs
         self.received: list[dict[str, torch.Tensor]] = []
+        self.versions: list[int | None] = []
 
     @property
     def model_info(self) -> ModelInfo:
@@ -61,8 +62,11 @@ class RecordingEngine:
             logprobs_mode="processed_logprobs",
         )  # fmt: skip
 
-    async def update_weights(self, state: dict[str, torch.Tensor]) -> None:
+    async def update_weights(
+        self, state: dict[str, torch.Tensor], *, version: int | None = None
+    ) -> None:
         self.received.append(state)
+        self.versions.append(version)
 
     async def prompt_logprobs(self, ids: list[int]) -> list[float]:
         return list(self.logprobs)
@@ -83,19 +87,20 @@ def test_the_engine_gets_the_trainers_weights_and_parity_holds():
     engine = RecordingEngine(trainer_probe(trainer))
     assert sync.due(1) and sync.due(2)
     prepared = sync.prepare(trainer, num_updates=1)
-    report = asyncio.run(sync.rank0_send(engine, prepared))
+    report = asyncio.run(sync.rank0_send(engine, prepared, 1))
     assert report.passed and report.num_tokens == len(PROBE) - 1
     (sent,) = engine.received
     expected = trainer.rank0_full_state_dict()
     assert sent.keys() == expected.keys()
     assert all(torch.equal(sent[k], expected[k]) for k in sent)
+    assert engine.versions == [1]  # the engine labels its later tokens with the new version
 
 
 def test_a_gap_beyond_the_tolerance_raises_parity_error():
     trainer, sync = FakeTrainer(), sync_with()
     engine = RecordingEngine([x + 0.1 for x in trainer_probe(trainer)])
     with pytest.raises(ParityError, match="disagree on the parity probe"):
-        asyncio.run(sync.rank0_send(engine, sync.prepare(trainer, num_updates=1)))
+        asyncio.run(sync.rank0_send(engine, sync.prepare(trainer, num_updates=1), 1))
 
 
 def test_an_injection_sends_the_sampler_weights_and_only_logs_the_gap():
@@ -103,7 +108,7 @@ def test_an_injection_sends_the_sampler_weights_and_only_logs_the_gap():
     sync = sync_with(MismatchInjection.Config(logit_noise_std=0.5))
     assert sync.tolerance == math.inf
     engine = RecordingEngine([x + 0.1 for x in trainer_probe(trainer)])
-    report = asyncio.run(sync.rank0_send(engine, sync.prepare(trainer, num_updates=1)))
+    report = asyncio.run(sync.rank0_send(engine, sync.prepare(trainer, num_updates=1), 1))
     assert report.passed and report.max_abs_diff == pytest.approx(0.1)
     sent = engine.received[0][FINAL_NORM_KEY]
     assert not torch.equal(sent, trainer.rank0_full_state_dict()[FINAL_NORM_KEY])
@@ -119,7 +124,7 @@ def test_a_clean_lend_hands_back_the_stale_copy():
     trainer = FakeTrainer()
     sync = sync_with(MismatchInjection.Config(sync_every=2), keep_stale_copy=True)
     engine = RecordingEngine(trainer_probe(trainer))
-    asyncio.run(sync.rank0_send(engine, sync.prepare(trainer, num_updates=2)))
+    asyncio.run(sync.rank0_send(engine, sync.prepare(trainer, num_updates=2), 2))
     stale = engine.received[0]
     with torch.no_grad():
         trainer.model.norm.mul_(2)  # the trainer moves on; the sampler keeps its weights

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tir_rl.errors import ChatFormatError
-from tir_rl.types import Message, Role, Trajectory
+from tir_rl.types import UNVERSIONED, Message, Role, Trajectory
 
 
 class ConversationFormat(Protocol):
@@ -91,6 +91,7 @@ class Conversation:
         self.loss_mask: list[int] = []
         self.sampler_logprobs: list[float] = []
         self.turn_ids: list[int] = []
+        self.policy_versions: list[int] = []
         self._history: list[Message] = list(messages)
         self._turn_index = 0
         self._turn_tokens: list[int] = []
@@ -133,19 +134,28 @@ class Conversation:
         return [*self._history, self._assistant_message()]
 
     # ---------------------------------------------------------------------- appending
-    def append_sampled(self, token_ids: Sequence[int], logprobs: Sequence[float]) -> None:
+    def append_sampled(
+        self,
+        token_ids: Sequence[int],
+        logprobs: Sequence[float],
+        policy_versions: Sequence[int] | None = None,
+    ) -> None:
         """Append tokens sampled by the engine for the current assistant turn (loss mask 1).
 
         May be called several times per turn (e.g. continuations); tokens are kept verbatim,
-        including a final `<|im_end|>` or EOS.
+        including a final `<|im_end|>` or EOS. `policy_versions` labels each token with the
+        version of the weights that sampled it (None: `UNVERSIONED`).
 
         Raises:
             ChatFormatError: Lengths differ, or the turn was already closed by `<|im_end|>`.
         """
-        if len(token_ids) != len(logprobs):
+        if len(token_ids) != len(logprobs) or (
+            policy_versions is not None and len(policy_versions) != len(token_ids)
+        ):
             raise ChatFormatError(
-                f"append_sampled got {len(token_ids)} token ids but {len(logprobs)} logprobs; "
-                "pass one sampler logprob per sampled token"
+                f"append_sampled got {len(token_ids)} token ids but {len(logprobs)} logprobs "
+                f"and {len(policy_versions) if policy_versions is not None else 'no'} "
+                "versions; pass one sampler logprob per sampled token (and one version if any)"
             )
         if self.current_turn_closed:
             raise ChatFormatError(
@@ -153,7 +163,8 @@ class Conversation:
                 "the environment's answer before sampling again"
             )
         ids = [int(t) for t in token_ids]
-        self._extend(ids, 1, [float(lp) for lp in logprobs])
+        versions = [UNVERSIONED] * len(ids) if policy_versions is None else policy_versions
+        self._extend(ids, 1, [float(lp) for lp in logprobs], [int(v) for v in versions])
         self._turn_tokens.extend(ids)
 
     def append_messages(self, messages: Sequence[Message]) -> None:
@@ -171,7 +182,7 @@ class Conversation:
             raise ChatFormatError("append_messages needs at least one tool, user or system message")
         close = not self.current_turn_closed
         ids = self.chat_format.render_env_turns(messages, close_turn=close)
-        self._extend(ids, 0, [0.0] * len(ids))
+        self._extend(ids, 0, [0.0] * len(ids), [UNVERSIONED] * len(ids))
         self._history.append(self._assistant_message())
         self._history.extend(messages)
         self._turn_index += 1
@@ -185,6 +196,7 @@ class Conversation:
             loss_mask=list(self.loss_mask),
             sampler_logprobs=list(self.sampler_logprobs),
             turn_ids=list(self.turn_ids),
+            policy_versions=list(self.policy_versions),
             messages=self.messages,
             **fields,
         )
@@ -201,11 +213,14 @@ class Conversation:
         ids = fmt.render_messages(self.messages, continue_final_message=True)
         return ids + [fmt.end_of_turn_id] if self.current_turn_closed else ids
 
-    def _extend(self, ids: list[int], mask: int, logprobs: list[float]) -> None:
+    def _extend(
+        self, ids: list[int], mask: int, logprobs: list[float], versions: list[int]
+    ) -> None:
         self.completion_ids.extend(ids)
         self.loss_mask.extend([mask] * len(ids))
         self.sampler_logprobs.extend(logprobs)
         self.turn_ids.extend([self._turn_index] * len(ids))
+        self.policy_versions.extend(versions)
 
     def _assistant_message(self) -> Message:
         ids = self._turn_tokens

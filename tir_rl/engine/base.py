@@ -94,12 +94,17 @@ class GenerateResult:
     logprobs: list[float]
     """Processed sampler logprob of each sampled token; same length as `token_ids`."""
     finish_reason: FinishReason
+    policy_versions: list[int]
+    """Policy version of the weights that sampled each token (the trainer's optimizer step
+    count at the weight sync); same length as `token_ids`. One request spans several
+    versions when the weights change while it is in flight (`Engine.update_weights`)."""
     stop_sequence: tuple[int, ...] | None = None
     """The stop token id or stop token sequence that ended generation, if any."""
     num_prompt_tokens: int = 0
 
     def __post_init__(self) -> None:
         assert len(self.token_ids) == len(self.logprobs), "one logprob per sampled token"
+        assert len(self.policy_versions) == len(self.token_ids), "one version per sampled token"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,8 +140,20 @@ class Engine(Protocol):
         """Logprob of each token of `token_ids` after the first, given its prefix (T = 1)."""
         ...
 
-    async def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Replace the engine's weights in place (Hugging Face parameter names)."""
+    @property
+    def policy_version(self) -> int:
+        """The version label of the weights the engine samples with now (0 at start)."""
+        ...
+
+    async def update_weights(
+        self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None
+    ) -> None:
+        """Replace the engine's weights in place (Hugging Face parameter names).
+
+        Requests in flight are not cut: they go on with the new weights, and their tokens
+        sampled after the update carry `version` (None keeps the current label). The
+        prefix cache never serves blocks computed with the old weights to new requests.
+        """
         ...
 
     def close(self) -> None:

@@ -134,7 +134,7 @@ def build_engine(config: EngineConfig, model_path: Path) -> Engine:
     try:
         _check_served_model(engine, model_path)
         logger.info("resetting %s to the weights of %s", config.http.base_url, model_path)
-        asyncio.run(engine.update_weights(read_checkpoint_weights(model_path)))
+        asyncio.run(engine.update_weights(read_checkpoint_weights(model_path), version=0))
     except BaseException:
         engine.close()
         raise

@@ -20,6 +20,11 @@ Weight updates: vLLM 0.32's `/update_weights` endpoint needs a weight-transfer b
 to `Config.weights_dir` (a folder the server sees at the same path) and calls the dev-mode
 endpoint `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path":
 DIR}}`, then `POST /reset_prefix_cache`. Start the server with `VLLM_SERVER_DEV_MODE=1`.
+
+An update lands between engine requests: it waits until the requests in flight have
+returned and holds new ones back until the server has the new weights, so every request is
+sampled by one version of the weights and labelled with it (`/v1/completions` does not
+report vLLM's per-token version spans; the local engine keeps requests in flight instead).
 """
 
 from __future__ import annotations
@@ -117,8 +122,10 @@ class VLLMHttpEngine:
         config.validate()
         self.config = config
         self._closed = False
+        self._version = 0
         self._loop = LoopThread("tir-rl-vllm-http")
         try:
+            self._gate = self._loop.run_sync(_make_gate())
             self._client = self._loop.run_sync(_make_client(config))
             self._info = self._loop.run_sync(self._connect())
         except BaseException:
@@ -129,6 +136,11 @@ class VLLMHttpEngine:
     def model_info(self) -> ModelInfo:
         """The served model and the settings that matter for parity."""
         return self._info
+
+    @property
+    def policy_version(self) -> int:
+        """The version label of the weights the server samples with now (0 at start)."""
+        return self._version
 
     # -- connection and checks ---------------------------------------------------------------
 
@@ -228,16 +240,18 @@ class VLLMHttpEngine:
         return await self._loop.run(self._generate(request))
 
     async def _generate(self, request: GenerateRequest) -> GenerateResult:
-        choice = await self._completion(
-            request.prompt_token_ids,
-            max_tokens=request.max_tokens,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            top_k=request.top_k or 0,
-            seed=request.seed,
-            stop_token_ids=list(request.stop_token_ids),
-            logprobs=0,
-        )
+        async with self._gate.request():
+            version = self._version
+            choice = await self._completion(
+                request.prompt_token_ids,
+                max_tokens=request.max_tokens,
+                temperature=request.temperature,
+                top_p=request.top_p,
+                top_k=request.top_k or 0,
+                seed=request.seed,
+                stop_token_ids=list(request.stop_token_ids),
+                logprobs=0,
+            )
         token_ids = list(choice["token_ids"])
         logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
         token_ids, logprobs, stop = truncate_at_stop_sequence(
@@ -252,6 +266,7 @@ class VLLMHttpEngine:
         return GenerateResult(
             token_ids=token_ids,
             logprobs=logprobs,
+            policy_versions=[version] * len(token_ids),
             finish_reason=finish,
             stop_sequence=stop,
             num_prompt_tokens=len(request.prompt_token_ids),
@@ -288,8 +303,13 @@ class VLLMHttpEngine:
 
     # -- weights ------------------------------------------------------------------------------
 
-    async def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+    async def update_weights(
+        self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None
+    ) -> None:
         """Write `state_dict` to the shared `weights_dir` and make the server reload it.
+
+        Lands between requests (see the module docstring); later requests carry `version`
+        (None keeps the current label).
 
         Raises:
             ConfigError: no `weights_dir` configured.
@@ -302,8 +322,16 @@ class VLLMHttpEngine:
                 "reads at the same path (local disk, /dev/shm or a shared file system)"
             )
         folder = Path(self.config.weights_dir)
-        await asyncio.to_thread(write_state_dict, state_dict, folder)
-        await self._loop.run(self._reload(str(folder.resolve())))
+        await self._loop.run(self._update(state_dict, folder, version))
+
+    async def _update(
+        self, state_dict: Mapping[str, torch.Tensor], folder: Path, version: int | None
+    ) -> None:
+        async with self._gate.update():
+            await asyncio.to_thread(write_state_dict, state_dict, folder)
+            await self._reload(str(folder.resolve()))
+            if version is not None:
+                self._version = version
 
     async def _reload(self, folder: str) -> None:
         body = {"method": "reload_weights", "kwargs": {"weights_path": folder}}
@@ -372,6 +400,44 @@ class VLLMHttpEngine:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class _UpdateGate:
+    """Requests run together; a weight update waits for them to return and holds new ones."""
+
+    def __init__(self) -> None:
+        self._idle = asyncio.Condition()
+        self._in_flight = 0
+        self._updating = False
+
+    @contextlib.asynccontextmanager
+    async def request(self) -> Any:
+        async with self._idle:
+            await self._idle.wait_for(lambda: not self._updating)
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            async with self._idle:
+                self._in_flight -= 1
+                self._idle.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def update(self) -> Any:
+        async with self._idle:
+            await self._idle.wait_for(lambda: not self._updating)
+            self._updating = True  # holds new requests back while the in-flight ones drain
+            await self._idle.wait_for(lambda: self._in_flight == 0)
+        try:
+            yield
+        finally:
+            async with self._idle:
+                self._updating = False
+                self._idle.notify_all()
+
+
+async def _make_gate() -> _UpdateGate:
+    return _UpdateGate()  # its Condition belongs to the engine's loop
 
 
 async def _make_client(config: VLLMHttpEngine.Config) -> httpx.AsyncClient:

@@ -10,7 +10,14 @@ sampled ids are matched after every engine step; at the first complete match the
 cut right after the sequence and the request is aborted, so no compute is wasted.
 
 Weight updates go through `collective_rpc("reload_weights", weights_path=...)`; see
-`weights_io` for why tensors travel through a (shared-memory) safetensors file.
+`weights_io` for why tensors travel through a (shared-memory) safetensors file. They land in
+flight: the engine pauses with its requests kept (`pause_generation(mode="keep")`), reloads,
+labels the new weights with their policy version (`update_weight_version`) and resumes, so
+requests in flight go on with the new weights. vLLM labels every output token with the
+version of the weights that sampled it (`CompletionOutput.weight_versions`); those labels
+are `GenerateResult.policy_versions`. By default the pause drops every KV block
+(`Config.clear_kv_on_update`): the requests in flight recompute their context with the new
+weights and the prefix cache never serves old blocks.
 
 Crash safety: the engine's child processes carry this run's identity and die with it, and a
 start ends the leftovers of runs that were killed (see `tir_rl.engine.reaping`).
@@ -116,6 +123,12 @@ class VLLMLocalEngine:
         """Accept top-p / top-k requests (only with a correction configured for them)."""
         weights_dir: str | None = None
         """Folder for weight updates; None: a private folder in /dev/shm, removed on close."""
+        clear_kv_on_update: bool = True
+        """On a weight update, drop every KV block: the prefix cache, and the context of the
+        requests in flight, which is recomputed with the new weights. False keeps them, so
+        tokens sampled after an update attend to keys and values the old weights computed
+        and new requests may reuse cached prefixes from the old weights: a mismatch source
+        of its own (faster on long contexts; see docs/async.md for how it is measured)."""
 
         def validate(self) -> None:
             """Raise `ConfigError` for values vLLM would reject or tir-rl cannot use."""
@@ -146,6 +159,8 @@ class VLLMLocalEngine:
         self._warn_ignored_settings()
         reap_leftovers()
         self._guard = EngineGuard()
+        self._version = 0
+        self._update_lock: asyncio.Lock | None = None  # made on the engine's loop
         self._loop = LoopThread("tir-rl-vllm-local")
         try:
             with self._guard.starting():
@@ -186,7 +201,10 @@ class VLLMLocalEngine:
         reserved = None if c.cpu_reserved_cores is None else str(c.cpu_reserved_cores)
         # Read by the engine core process, which inherits this environment when it starts.
         with _environment_default(_RESERVED_CORES_VAR, reserved):
-            return AsyncLLM.from_engine_args(args)
+            llm = AsyncLLM.from_engine_args(args)
+        await llm.update_weight_version(str(self._version))
+        self._update_lock = asyncio.Lock()
+        return llm
 
     def _warn_ignored_settings(self) -> None:
         from vllm.platforms import current_platform
@@ -218,6 +236,11 @@ class VLLMLocalEngine:
             logprobs_mode=c.logprobs_mode,
             enable_prefix_caching=c.enable_prefix_caching,
         )
+
+    @property
+    def policy_version(self) -> int:
+        """The version label of the weights the engine samples with now (0 at start)."""
+        return self._version
 
     def _check_open(self) -> None:
         if self._closed:
@@ -268,6 +291,7 @@ class VLLMLocalEngine:
         prompt = {"prompt_token_ids": list(request.prompt_token_ids)}
         token_ids: list[int] = []
         logprobs: list[float] = []
+        spans: Any = None
         finish: FinishReason | None = None
         stop: tuple[int, ...] | None = None
         try:
@@ -284,9 +308,11 @@ class VLLMLocalEngine:
                         end, stop = found
                         del token_ids[end:], logprobs[end:]
                         finish = FinishReason.STOP
+                        spans = self._spans_so_far(request_id)
                         break
                     if out.finished:
                         finish = _finish_reason(completion.finish_reason)
+                        spans = completion.weight_versions
         except Exception as exc:  # CancelledError is not an Exception: it propagates
             raise engine_error_from(exc, f"request {request_id}") from exc
         if finish is None or finish == FinishReason.ERROR:
@@ -296,10 +322,21 @@ class VLLMLocalEngine:
         return GenerateResult(
             token_ids=token_ids,
             logprobs=logprobs,
+            policy_versions=versions_from_spans(spans, len(token_ids), request_id),
             finish_reason=finish,
             stop_sequence=stop,
             num_prompt_tokens=len(request.prompt_token_ids),
         )
+
+    def _spans_so_far(self, request_id: str) -> Any:
+        """The version spans vLLM recorded so far for a request cut at a stop sequence.
+
+        Such a request ends without a final output, which would carry them.
+        """
+        state = self._llm.output_processor.request_states.get(request_id)
+        if state is None:
+            return None
+        return state._weight_version_spans()
 
     async def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
         """Logprob of each of `token_ids[1:]` given its prefix, at temperature 1.
@@ -338,31 +375,42 @@ class VLLMLocalEngine:
         entries = final.prompt_logprobs[1:]
         return [entry[tok].logprob for entry, tok in zip(entries, token_ids[1:], strict=True)]
 
-    async def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+    async def update_weights(
+        self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None
+    ) -> None:
         """Load `state_dict` (Hugging Face names) into the running engine, in place.
 
-        Requests still in flight finish with the new weights from the next engine step on:
-        call this between rollout phases. The prefix cache is reset afterwards (its blocks
-        were computed with the old weights).
+        Requests in flight are kept: the engine pauses between two of its steps, reloads,
+        and resumes, and their later tokens carry `version` (None keeps the current label).
+        With `clear_kv_on_update` (the default) every KV block is dropped at the pause.
         """
         self._check_open()
         if not state_dict:
             raise ConfigError("update_weights got an empty state dict")
         if self._weights_dir is None:
             self._weights_dir = default_weights_dir("tir-rl-weights-")
-        await asyncio.to_thread(write_state_dict, state_dict, self._weights_dir)
-        await self._loop.run(self._reload(str(self._weights_dir)))
+        await self._loop.run(self._update(state_dict, version))
 
-    async def _reload(self, folder: str) -> None:
-        try:
-            await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
-            if self.config.enable_prefix_caching:
-                await self._llm.reset_prefix_cache()
-        except Exception as exc:
-            raise EngineError(
-                f"reload_weights from {folder} failed: {exc}. The state dict must use the "
-                "checkpoint's Hugging Face parameter names and shapes."
-            ) from exc
+    async def _update(self, state_dict: Mapping[str, torch.Tensor], version: int | None) -> None:
+        assert self._update_lock is not None
+        async with self._update_lock:  # one writer of the weights file at a time
+            folder = str(self._weights_dir)
+            await asyncio.to_thread(write_state_dict, state_dict, self._weights_dir)
+            await self._llm.pause_generation(
+                mode="keep", clear_cache=self.config.clear_kv_on_update
+            )
+            try:
+                await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
+                if version is not None:
+                    await self._llm.update_weight_version(str(version))
+                    self._version = version
+            except Exception as exc:
+                raise EngineError(
+                    f"reload_weights from {folder} failed: {exc}. The state dict must use the "
+                    "checkpoint's Hugging Face parameter names and shapes."
+                ) from exc
+            finally:
+                await self._llm.resume_generation()
 
     def close(self) -> None:
         """Shut the engine down and remove its private weights folder (idempotent)."""
@@ -413,6 +461,32 @@ def _sampled_logprobs(entries: Any, token_ids: list[int]) -> list[float]:
     if entries is None or len(entries) != len(token_ids):
         raise EngineError("vLLM returned no logprobs for sampled tokens (logprobs=0 was set)")
     return [entry[tok].logprob for entry, tok in zip(entries, token_ids, strict=True)]
+
+
+def versions_from_spans(spans: Any, num_tokens: int, request_id: str) -> list[int]:
+    """One policy version per output token from vLLM's `WeightVersionSpan`s.
+
+    Raises:
+        EngineError: the spans do not cover the tokens, or a label is not an integer (the
+            engine's weights were labelled by something other than tir-rl).
+    """
+    if num_tokens == 0:
+        return []
+    versions: list[int] = []
+    try:
+        for span in spans or ():
+            versions += [int(span.version)] * (min(span.end, num_tokens) - len(versions))
+    except ValueError as exc:
+        raise EngineError(
+            f"request {request_id}: vLLM labelled its weights {exc}; tir-rl labels them with "
+            "integer policy versions (do not call update_weight_version on this engine)"
+        ) from exc
+    if len(versions) != num_tokens:
+        raise EngineError(
+            f"request {request_id}: vLLM's weight-version spans cover {len(versions)} of "
+            f"{num_tokens} sampled tokens"
+        )
+    return versions
 
 
 def _finish_reason(reason: object) -> FinishReason:

@@ -60,7 +60,7 @@ def clamped_exp(x: Tensor) -> Tensor:
     return torch.exp(x.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
 
 
-def _metric_exp(x: Tensor) -> Tensor:
+def metric_exp(x: Tensor) -> Tensor:
     """exp(x) clamped only where float64 would overflow (see `METRIC_EXP_BOUND`)."""
     return torch.exp(x.clamp(-METRIC_EXP_BOUND, METRIC_EXP_BOUND))
 
@@ -171,7 +171,7 @@ def mismatch_metrics(
     """
     valid = loss_mask > 0
     delta = masked_log_ratio(trainer_logprobs, sampler_logprobs, valid, torch.float64)  # [B, T]
-    rho = _metric_exp(delta)
+    rho = metric_exp(delta)
     k3 = rho - delta - 1
     num_tokens = valid.sum(dim=1)  # [B]
     has_tokens = num_tokens > 0
@@ -183,11 +183,11 @@ def mismatch_metrics(
 
     out["kl"] = token_mean(-delta)
     out["k3_kl"] = token_mean(k3)
-    out["chi2_token"] = token_mean(_metric_exp(2 * delta)) - 1
+    out["chi2_token"] = token_mean(metric_exp(2 * delta)) - 1
     abs_delta = delta.abs()
     out["abs_diff_mean"] = token_mean(abs_delta)
     out["abs_diff_max"] = abs_delta.max() if abs_delta.numel() else abs_delta.new_zeros(())
-    out["token_mult_prob_error"] = token_mean(_metric_exp(abs_delta))
+    out["token_mult_prob_error"] = token_mean(metric_exp(abs_delta))
 
     # Sequence level: means over sequences with at least one model token.
     n_seq = has_tokens.sum().clamp(min=1)
@@ -209,9 +209,9 @@ def mismatch_metrics(
     kept = log_ppl_diff[has_tokens]
     out["log_ppl_diff_max"] = kept.max() if kept.numel() else kept.new_zeros(())
     out["log_ppl_diff_min"] = kept.min() if kept.numel() else kept.new_zeros(())
-    out["ppl_ratio"] = seq_mean(_metric_exp(log_ppl_diff))
-    rho_seq = _metric_exp(seq_sum)
-    out["chi2_seq"] = seq_mean(_metric_exp(2 * seq_sum)) - 1
+    out["ppl_ratio"] = seq_mean(metric_exp(log_ppl_diff))
+    rho_seq = metric_exp(seq_sum)
+    out["chi2_seq"] = seq_mean(metric_exp(2 * seq_sum)) - 1
 
     _moment_stats(rho[valid], cap, "is_token", out)
     _moment_stats(rho_seq[has_tokens], cap, "is_seq", out)

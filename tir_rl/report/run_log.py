@@ -67,6 +67,9 @@ class SavedTrajectory:
     trajectory: Trajectory
     trainer_logprobs: list[float] | None = None
     """Trainer logprobs of `trajectory.completion_ids` when they were saved with it."""
+    trained_version: int | None = None
+    """The policy version the trainer updated from when it trained on the episode (a
+    token's lag is this minus its `Trajectory.policy_versions` entry)."""
 
 
 def save_trajectories(
@@ -75,12 +78,14 @@ def save_trajectories(
     step: int,
     *,
     trainer_logprobs: Sequence[Sequence[float]] | None = None,
+    trained_version: int | None = None,
 ) -> None:
     """Append `trajectories` to the JSONL file `path`, one `Trajectory.to_dict()` per line.
 
     Each line also carries `"step"` and, when given, `"trainer_logprobs"` (one list per
     trajectory, aligned with `completion_ids`) so the viewer can colour tokens by the
-    sampler/trainer log-ratio. Non-finite floats are written as null.
+    sampler/trainer log-ratio, and `"trained_version"` (the policy version the trainer
+    updated from) so it can colour them by staleness. Non-finite floats are written as null.
     """
     trajectories = list(trajectories)
     if trainer_logprobs is not None and len(trainer_logprobs) != len(trajectories):
@@ -95,6 +100,8 @@ def save_trajectories(
             row: dict[str, Any] = {"step": int(step), **trajectory.to_dict()}
             if trainer_logprobs is not None:
                 row["trainer_logprobs"] = [float(x) for x in trainer_logprobs[i]]
+            if trained_version is not None:
+                row["trained_version"] = int(trained_version)
             f.write(json.dumps(finite_or_none(row), allow_nan=False) + "\n")
 
 
@@ -133,6 +140,7 @@ def trajectory_from_dict(data: Mapping[str, Any]) -> Trajectory:
         messages=messages,
         timings=EpisodeTimings(**data.get("timings", {})),
         error=data.get("error"),
+        policy_versions=[int(v) for v in data.get("policy_versions", ())],
     )
 
 
@@ -142,6 +150,7 @@ def _saved_from_dict(data: Mapping[str, Any]) -> SavedTrajectory:
         step=int(data.get("step", 0)),
         trajectory=trajectory_from_dict(data),
         trainer_logprobs=None if trainer is None else _nan_for_null(trainer),
+        trained_version=data.get("trained_version"),
     )
 
 

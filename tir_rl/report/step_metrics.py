@@ -45,7 +45,8 @@ class StepOutcome:
     """What one step did, on rank 0."""
 
     rollout_row: dict[str, float]
-    """`episode_row(..., prefix="rollout")` of the sampled episodes and `perf/rollout_s`."""
+    """`episode_row(..., prefix="rollout")` of the step's episodes, with the buffer's
+    `perf/rollout_s` (how long the step waited for them) and `async/...` counts."""
     batch: TrainBatch | None
     """The step's whole batch; None when no episode sampled a token."""
     result: StepResult | None
@@ -68,7 +69,6 @@ def step_row(outcome: StepOutcome) -> dict[str, float]:
     result = outcome.result
     if result is not None:  # an update, or the scoring pass of a batch without signal
         row.update(result.metrics)
-    rollout_s = row["perf/rollout_s"]
     row.update(
         {
             "train/loss": result.loss if result else float("nan"),
@@ -77,7 +77,6 @@ def step_row(outcome: StepOutcome) -> dict[str, float]:
             "train/degenerate_groups": float(outcome.num_degenerate_groups),
             "perf/train_s": outcome.train_s,
             "perf/sync_s": outcome.sync_s,
-            "perf/rollout_tokens_per_s": row["rollout/model_tokens"] / max(rollout_s, 1e-9),
         }
     )
     if result is not None and result.guard is not None:

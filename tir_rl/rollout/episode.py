@@ -292,7 +292,7 @@ class Episode:
             )
         if not result.token_ids:
             return _Ending(RolloutStatus.ERROR_ENGINE, f"turn {turn}: the engine sampled nothing")
-        conv.append_sampled(result.token_ids, result.logprobs)
+        conv.append_sampled(result.token_ids, result.logprobs, result.policy_versions)
         if result.finish_reason == FinishReason.LENGTH:
             if (
                 max_tokens < c.max_tokens_per_turn

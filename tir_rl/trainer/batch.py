@@ -26,7 +26,7 @@ from enum import StrEnum
 import torch
 
 from tir_rl.errors import ConfigError
-from tir_rl.types import Trajectory
+from tir_rl.types import UNVERSIONED, Trajectory
 
 
 class Packing(StrEnum):
@@ -57,11 +57,16 @@ class TrainBatch:
     """[B] float32."""
     group_ids: torch.Tensor
     """[B] long; ties the G samples of one task together."""
+    policy_versions: torch.Tensor = None  # type: ignore[assignment]  # filled in __post_init__
+    """[B, T] long; policy version of the weights that sampled each token, `UNVERSIONED`
+    (-1) at rendered tokens, padding and where no engine recorded one (None: all -1)."""
 
     def __post_init__(self) -> None:
         b = len(self.prompt_ids)
         assert self.completion_ids.shape[0] == b, "one completion row per prompt"
-        for name in ("loss_mask", "sampler_logprobs", "turn_ids"):
+        if self.policy_versions is None:
+            self.policy_versions = torch.full_like(self.completion_ids, UNVERSIONED)
+        for name in ("loss_mask", "sampler_logprobs", "turn_ids", "policy_versions"):
             assert getattr(self, name).shape == self.completion_ids.shape, name
 
     @classmethod
@@ -79,6 +84,7 @@ class TrainBatch:
         loss_mask = torch.zeros(b, t, dtype=torch.bool)
         sampler_logprobs = torch.zeros(b, t, dtype=torch.float32)
         turn_ids = torch.full((b, t), -1, dtype=torch.long)
+        versions = torch.full((b, t), UNVERSIONED, dtype=torch.long)
         prompts = []
         for i, tr in enumerate(trajectories):
             if not tr.prompt_ids:
@@ -92,6 +98,8 @@ class TrainBatch:
             loss_mask[i, :n] = torch.tensor(tr.loss_mask, dtype=torch.bool)
             sampler_logprobs[i, :n] = torch.tensor(tr.sampler_logprobs, dtype=torch.float32)
             turn_ids[i, :n] = torch.tensor(tr.turn_ids, dtype=torch.long)
+            if tr.policy_versions:
+                versions[i, :n] = torch.tensor(tr.policy_versions, dtype=torch.long)
         return cls(
             prompt_ids=prompts,
             completion_ids=completion_ids,
@@ -101,6 +109,7 @@ class TrainBatch:
             completion_lens=torch.tensor([len(tr.completion_ids) for tr in trajectories]),
             rewards=torch.tensor([float(tr.reward) for tr in trajectories]),
             group_ids=torch.tensor([int(tr.group_id) for tr in trajectories]),
+            policy_versions=versions,
         )
 
     @property
@@ -133,6 +142,7 @@ class TrainBatch:
             completion_lens=lens,
             rewards=self.rewards[idx],
             group_ids=self.group_ids[idx],
+            policy_versions=self.policy_versions[idx, :t],
         )
 
     def shard(self, rank: int, world_size: int) -> TrainBatch:
@@ -154,6 +164,7 @@ class TrainBatch:
             "completion_lens": self.completion_lens,
             "rewards": self.rewards,
             "group_ids": self.group_ids,
+            "policy_versions": self.policy_versions,
         }
 
 

@@ -109,6 +109,7 @@ def save(
             "data_position": data_position,
             "num_skipped_nonfinite": trainer.num_skipped_nonfinite,
             "num_skipped_guard": trainer.num_skipped_guard,
+            "num_skipped_rejected": trainer.num_skipped_rejected,
             "world_size": tdist.world_size(),
             "trainer_config": to_dict(trainer.config),
             "guard": guard.state_dict() if guard is not None else None,
@@ -171,6 +172,7 @@ def load(path: str | Path, trainer: Trainer, *, guard: CollapseGuard | None = No
     trainer.step = int(record["step"])
     trainer.num_skipped_nonfinite = int(record.get("num_skipped_nonfinite", 0))
     trainer.num_skipped_guard = int(record.get("num_skipped_guard", 0))
+    trainer.num_skipped_rejected = int(record.get("num_skipped_rejected", 0))
     if guard is not None and record.get("guard"):
         guard.load_state_dict(record["guard"])
     rng_file = path / f"rng_rank{tdist.rank()}.pt"

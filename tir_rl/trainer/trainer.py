@@ -369,6 +369,8 @@ class Trainer:
         """Number of train_step calls so far (applied or skipped); the schedule's step."""
         self.num_skipped_nonfinite = 0
         self.num_skipped_guard = 0
+        self.num_skipped_rejected = 0
+        """Steps whose correction rejected every token (no optimizer step was made)."""
 
     # ------------------------------------------------------------------ logprobs
 
@@ -594,6 +596,11 @@ class Trainer:
         if not finite:
             self.num_skipped_nonfinite += 1
             logger.warning("step %d: non-finite loss or gradient; update skipped", self.step)
+        elif num_tokens == 0:
+            # The correction rejected every token: the gradient is zero, but AdamW would still
+            # move the weights (momentum, weight decay). Nothing was learned: no step.
+            self.num_skipped_rejected += 1
+            logger.warning("step %d: the correction rejected every token; no update", self.step)
         elif decision is not None and not decision.apply_update:
             self.num_skipped_guard += 1
         else:
@@ -612,6 +619,7 @@ class Trainer:
                 "train/lr": lr,
                 "train/skipped_nonfinite": float(self.num_skipped_nonfinite),
                 "train/skipped_guard": float(self.num_skipped_guard),
+                "train/skipped_all_rejected": float(self.num_skipped_rejected),
                 "train/logprob_s": t_logprobs - t_start,
                 "train/backward_s": t_backward - t_logprobs,
                 "train/mismatch_s": t_mismatch - t_backward,

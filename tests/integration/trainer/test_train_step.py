@@ -142,6 +142,24 @@ def test_rejected_sequences_leave_the_normalizer(make_trainer):
     assert result.metrics["train/num_masked_by_correction"] == float(batch.loss_mask[1].sum())
 
 
+def test_a_step_whose_correction_rejects_every_token_makes_no_optimizer_step(make_trainer):
+    # Momentum and weight decay would move the weights on an all-zero gradient.
+    trainer = make_trainer(weight_decay=0.1)
+    batch = make_batch()
+    on_policy = with_sampler_logprobs(batch, trainer.compute_logprobs(batch))
+    trainer.correction_config = MismatchCorrection.Config.preset("geo_rs")
+    assert not trainer.train_step(on_policy, torch.tensor([1.0, -1.0, 0.5, -0.5])).skipped
+    before = params(trainer)
+    adam_steps = [int(s["step"]) for s in trainer.optimizer.state.values()]
+    off_policy = with_sampler_logprobs(batch, trainer.compute_logprobs(batch) - 3.0)
+    result = trainer.train_step(off_policy, torch.tensor([1.0, -1.0, 0.5, -0.5]))
+    assert result.skipped
+    assert result.metrics["train/num_loss_tokens"] == 0.0
+    assert result.metrics["train/skipped_all_rejected"] == 1.0
+    assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+    assert [int(s["step"]) for s in trainer.optimizer.state.values()] == adam_steps
+
+
 def test_gradient_checkpointing_gives_the_same_step(make_trainer):
     batch = make_batch()
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5])

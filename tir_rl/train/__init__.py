@@ -1,0 +1,23 @@
+"""The training entry point: `run_train(config)` (see `tir_rl.train.loop` for the loop).
+
+`loop` is the step sequence every rank runs, `rank0` the driver of rollouts, evaluation and
+logging that only rank 0 runs, `update` a step's batch and the update every rank runs.
+"""
+
+from tir_rl.train.loop import (
+    TrainSummary,
+    exec_under_torchrun,
+    load_resume_config,
+    run_train,
+)
+from tir_rl.train.update import plan_step
+from tir_rl.trainer.checkpoint import latest_checkpoint
+
+__all__ = [
+    "TrainSummary",
+    "exec_under_torchrun",
+    "latest_checkpoint",
+    "load_resume_config",
+    "plan_step",
+    "run_train",
+]

@@ -1,0 +1,486 @@
+"""`run_train(config)`: the RL loop, top to bottom.
+
+::
+
+      rank 0                                                 every rank
+    ┌───────────────────────────────────────────────┐
+    │ RolloutProducer (its own thread and loop)      │
+    │   admits groups under the staleness bound k,   │
+    │   plays them on the engine ─► GroupBuffer       │
+    └──────────────────────┬────────────────────────┘
+                           │ step t takes B finished groups (due at t first)
+                           ▼
+    rewards ─► group advantages (GRPO) ─► batch ──scatter──►  Update: ℓ^old (the update
+                                                              forward) ─► mismatch metrics
+                                                              ─► correction ─► PPO-clip loss
+                                                              ─► clip ─► AdamW (or skip)
+    engine.update_weights(version t+1), in flight  ◄─gather── trainer state dict (WeightSync)
+      ─► parity probe ─► the buffer's clock advances: groups due up to t+1+k are admitted
+
+With `run.max_staleness` k = 0 a group is admitted only once the engine holds the weights
+it will be trained from: rollouts, update and sync alternate as in a synchronous loop (with
+`rollout.seed` set it samples the same tokens and makes the same update). With k > 0 the
+producer keeps playing while the trainer computes and while weights reach the engine; every
+token records the policy version that sampled it (`Trajectory.policy_versions`) and no
+token lags the weights it is trained from by more than k versions (`tir_rl.rollout.buffer`).
+docs/async.md has the settings and measurements.
+
+Every step sends its metrics row to the sinks `run.loggers` names (`metrics.jsonl`, always;
+TensorBoard, W&B) and writes sample trajectories and plots to the run folder; held-out
+accuracy is measured before training, every `run.eval_every` steps and at the end, each
+time alone on the engine with that step's weights. Ctrl-C stops the producer (its groups in
+flight are played again by `--resume`), saves a checkpoint and stops cleanly.
+
+Under `torchrun` (world size W > 1) rank 0 owns the runtime (engine, envs, sandbox,
+producer), eval, metrics, plots, trajectories and the progress bar (`Rank0Driver`); every
+rank holds an FSDP2 shard of the trainer and runs `Update` on its share of the batch (about
+B/W sequences and their advantages, `distributed.scatter_object`); the loss normalizer is a
+global token count, so the step equals the world-size-1 step. Rank-0-only work runs inside
+`distributed.rank0_share`, which also hands its failure to the other ranks (Ctrl-C,
+ParityError, any error), so every rank reaches the same collective checkpoint; outside it
+rank 0 defers Ctrl-C and the other ranks ignore it (`distributed.interrupt_handling`). The
+step's metrics row is built by `tir_rl.report.step_metrics` and the driver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import torch
+
+from tir_rl import distributed as tdist
+from tir_rl.config import dump, load, to_dict
+from tir_rl.errors import ConfigError, ParityError
+from tir_rl.mismatch.injection import MismatchInjection
+from tir_rl.report.eval_stats import bootstrap_paired_change
+from tir_rl.report.step_metrics import StepOutcome
+from tir_rl.run_config import RunConfig
+from tir_rl.train.rank0 import DataPosition, Rank0Driver
+from tir_rl.train.update import StepPlan, StepWork, Update
+from tir_rl.trainer import checkpoint
+from tir_rl.trainer.checkpoint import latest_checkpoint, step_folder
+from tir_rl.weight_sync import WeightSync
+
+if TYPE_CHECKING:
+    from tir_rl.engine.parity import ParityReport
+    from tir_rl.report.eval_stats import Estimate, EvalReport
+    from tir_rl.runtime import Runtime
+
+logger = logging.getLogger(__name__)
+
+_COLLECTIVE_TIMEOUT_S = 6 * 3600.0
+"""Multi-rank runs: how long ranks > 0 wait on rank 0 (rollouts and eval take minutes)."""
+
+
+@dataclass
+class TrainSummary:
+    """What a finished (or interrupted) run reports."""
+
+    run_dir: Path
+    steps_done: int
+    accuracy_before: Estimate | None = None
+    """Held-out pass@1 before the first step, with its 95% bootstrap interval over tasks."""
+    accuracy_after: Estimate | None = None
+    """The same after the last step."""
+    accuracy_change: Estimate | None = None
+    """After minus before, task by task over the same held-out tasks, with its 95% bootstrap
+    interval (`bootstrap_paired_change`): the run improved the policy when it lies above 0."""
+    interrupted: bool = False
+    stopped_by_guard: bool = False
+    wall_time_s: float = 0.0
+    checkpoints: list[Path] = field(default_factory=list)
+    rank: int = 0
+    """This process's rank; only rank 0 measures the accuracies."""
+    world_size: int = 1
+
+    @property
+    def exit_status(self) -> int:
+        """130 for an interrupted one-process run, else 0.
+
+        The ranks of an interrupted multi-rank run exit 0 (their checkpoint is written): for
+        torchrun a non-zero status is a failed rank, whose peers it ends at once.
+        """
+        return 130 if self.interrupted and self.world_size == 1 else 0
+
+
+def load_resume_config(run_dir: Path, overrides: list[str]) -> RunConfig:
+    """The saved config of `run_dir` with `overrides` applied."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"{run_dir} has no config.yaml: is it a tir-rl run folder?")
+    return load(RunConfig, path, overrides)
+
+
+def run_train(config: RunConfig, *, resume: bool = False) -> TrainSummary:
+    """Train `config.model` with GRPO on `config.env`; see the module docstring.
+
+    Under torchrun (`WORLD_SIZE` > 1) every rank calls this; it creates the process group
+    (and destroys it at the end) unless one exists already.
+    """
+    owns_group = not tdist.is_initialized() and tdist.init_process_group(
+        device=_collective_device(config), timeout_s=_COLLECTIVE_TIMEOUT_S
+    )
+    try:
+        return _run_train(config, resume=resume)
+    finally:
+        if owns_group:
+            tdist.destroy_process_group()
+
+
+def _run_train(config: RunConfig, *, resume: bool) -> TrainSummary:
+    from tir_rl.runtime import open_runtime
+
+    run_dir = config.run_dir
+    if run_dir.exists() and not resume and latest_checkpoint(run_dir) is not None:
+        raise ConfigError(
+            f"{run_dir} already holds checkpoints. Continue it with `tir-rl train --resume "
+            f"{run_dir}`, or pick another name with --set run.name=NEW."
+        )
+    rank0 = tdist.is_rank0()
+    if rank0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        dump(config, run_dir / "config.yaml")
+    if tdist.world_size() > 1 and rank0 and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+        # In process, vLLM would take the trainer's process group for its own.
+        logger.warning("VLLM_ENABLE_V1_MULTIPROCESSING=0 ignored: multi-rank runs need 1")
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    started = time.perf_counter()
+    loop: _TrainLoop | None = None
+    try:
+        with open_runtime(config) if rank0 else contextlib.nullcontext() as runtime:
+            loop = _TrainLoop(config, runtime, resume=resume)
+            summary = loop.run()
+    finally:
+        if loop is not None and loop.ended_together:
+            _leave_together()
+    summary.wall_time_s = time.perf_counter() - started
+    return summary
+
+
+def _leave_together() -> None:
+    """Wait until rank 0 has closed its engine before any rank exits.
+
+    torchrun ends the other ranks as soon as one exits with an error (a ParityError, an
+    interrupt), which would cut rank 0's engine shutdown short. Called only when every rank
+    ended the run the same way, so none waits for a rank that is not coming.
+    """
+    with contextlib.suppress(Exception):  # a broken group must not hide the run's own error
+        tdist.barrier()
+
+
+def exec_under_torchrun(
+    nproc_per_node: int,
+    config: str | None,
+    overrides: list[str],
+    *,
+    resume: str | None = None,
+    verbose: bool = False,
+) -> NoReturn:
+    """Replace this process by `torchrun --standalone --nproc-per-node N -m tir_rl.cli train`.
+
+    The ranks get the same `--config`, `--set` and `--resume` arguments. Unless
+    `OMP_NUM_THREADS` is set, each rank gets `cores // N` torch threads.
+
+    Raises:
+        ConfigError: already running under torchrun.
+    """
+    if "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ:
+        raise ConfigError("--nproc-per-node starts torchrun itself; under torchrun, drop it.")
+    args = [*(["-v"] if verbose else []), "train"]
+    args += ["--config", config] if config else []
+    args += ["--resume", resume] if resume else []
+    for override in overrides:
+        args += ["--set", override]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (cores or 1) // nproc_per_node)))
+    command = tdist.torchrun_command(nproc_per_node, "tir_rl.cli", args)
+    logger.info("running %s", " ".join(command))
+    os.execv(command[0], command)
+
+
+def _collective_device(config: RunConfig) -> torch.device:
+    if config.trainer.device != "cpu" and torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+class _TrainLoop:
+    """The state of one training run; `run` is the loop."""
+
+    def __init__(self, config: RunConfig, runtime: Runtime | None, *, resume: bool) -> None:
+        """Build the trainer, guard, weight sync and, on rank 0, the driver."""
+        from tir_rl.engine.parity import probe_ids_from_text
+        from tir_rl.mismatch.guard import CollapseGuard
+        from tir_rl.report.metrics_logger import MetricsLogger
+        from tir_rl.trainer import Trainer
+        from tir_rl.trainer.loss import GRPOLoss
+
+        self.config = config
+        self.runtime = runtime
+        self.run_dir = config.run_dir
+        self.world = tdist.world_size()
+        self.rank0 = tdist.is_rank0()
+        self._gate: tdist.Rank0InterruptGate | None = None
+        self.trainer = Trainer(
+            config.trainer,
+            loss_fn=GRPOLoss(config.loss),
+            correction_config=config.correction,
+        )
+        guard_config = config.guard
+        if guard_config.save_dir is None:
+            guard_config.save_dir = self.run_dir / "alerts"
+        self.guard = CollapseGuard(guard_config)
+        self.update = Update(self.trainer, self.guard)
+        self.injection = MismatchInjection(config.inject)
+        if self.rank0 and config.inject.active:
+            logger.warning("%s", self.injection.describe())
+        probe_ids = probe_ids_from_text(runtime.tokenizer) if self.rank0 else None
+        self.weight_sync = WeightSync(
+            self.injection,
+            probe_ids=tdist.broadcast_object(probe_ids),  # type: ignore[arg-type]
+            parity_tolerance=config.run.parity_tolerance,
+            keep_stale_copy=config.run.eval_clean_sampler,
+        )
+        position = DataPosition(step=0, next_group=0)
+        if resume:
+            ckpt = latest_checkpoint(self.run_dir)
+            if ckpt is None:
+                raise ConfigError(f"{self.run_dir} has no checkpoint to resume from.")
+            state = checkpoint.load(ckpt, self.trainer, guard=self.guard)
+            # The loop's position, not the trainer's count of train_step calls (a step
+            # without a trainable episode makes none).
+            position = DataPosition.from_json(
+                state.data_position,
+                fallback_step=state.step,
+                groups_per_step=config.run.tasks_per_step,
+            )
+            logger.info("resumed from %s (step %d)", ckpt, position.step)
+        self.start_step = position.step
+        self.num_updates = position.num_updates
+        """Optimizer updates applied so far: the policy version of the trainer's weights."""
+        if resume or self.injection.transforms_weights:
+            self._sync_weights(force=True)  # the engine loaded the untouched checkpoint
+        self.driver: Rank0Driver | None = None
+        if self.rank0:
+            assert runtime is not None
+            metrics = MetricsLogger.open(
+                MetricsLogger.Config(
+                    run_dir=self.run_dir,
+                    loggers=config.run.loggers,
+                    wandb=config.wandb,
+                    resume_after_step=self.start_step if resume else None,
+                )
+            )
+            metrics.log_config(to_dict(config))
+            self.driver = Rank0Driver(config, runtime, metrics, position)
+        self.summary = TrainSummary(
+            self.run_dir, self.start_step, rank=tdist.rank(), world_size=self.world
+        )
+        self.ended_together = False
+        """Whether every rank ended `run` the same way (finished, or an error shared by
+        `_share`), so that all of them reach the exit barrier."""
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> TrainSummary:
+        with tdist.interrupt_handling() as self._gate:
+            return self._run()
+
+    def _run(self) -> TrainSummary:
+        from tqdm import tqdm
+
+        cfg = self.config.run
+        try:
+            before = self._evaluate_shared(self.start_step, "before")
+            self.summary.accuracy_before = before.pass_at_1 if before is not None else None
+            if self.driver is not None:
+                self.driver.start()
+            steps = range(self.start_step, cfg.steps)
+            bar = tqdm(steps, desc="train", unit="step") if self.rank0 else None
+            for step in bar if bar is not None else steps:
+                row, stop = self._step(step)
+                if bar is not None:
+                    bar.set_postfix(
+                        reward=f"{row['rollout/reward_mean']:.3f}",
+                        kl=f"{row.get('mismatch/kl', float('nan')):.1e}",
+                        tok_s=f"{row['perf/rollout_tokens_per_s']:.0f}",
+                    )
+                done = step + 1
+                if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
+                    self._evaluate_shared(done, "periodic")
+                if cfg.checkpoint_every and done % cfg.checkpoint_every == 0:
+                    self._checkpoint(done)
+                if stop:
+                    logger.warning("collapse guard asked to stop at step %d", step)
+                    self.summary.stopped_by_guard = True
+                    break
+            self._stop_producer()
+            after = self._evaluate_shared(self.summary.steps_done, "after")
+            self.summary.accuracy_after = after.pass_at_1 if after is not None else None
+            if before is not None and after is not None:
+                self.summary.accuracy_change = bootstrap_paired_change(
+                    before.task_pass_at_1, after.task_pass_at_1
+                )
+            self.ended_together = True
+        except KeyboardInterrupt:
+            logger.warning("interrupted: saving a checkpoint at step %d", self.summary.steps_done)
+            self.summary.interrupted = True
+            self.ended_together = True
+        except ParityError:
+            self.ended_together = True
+            self._stop_producer()
+            self._checkpoint(self.summary.steps_done)
+            raise
+        finally:
+            self._stop_producer()
+            self._checkpoint(self.summary.steps_done)
+            if self.driver is not None:
+                self.driver.plots(self.summary.steps_done)
+                self.driver.metrics.close()
+        return self.summary
+
+    def _step(self, step: int) -> tuple[dict[str, float], bool]:
+        """One RL step: take the groups → advantages → update → sync in flight → log."""
+        trained_version = self.num_updates
+        plan, work = self._share(lambda: self._rank0_take(step, trained_version))
+        train_started = time.perf_counter()
+        result = self.update(step, work)
+        # Identical on every rank (global metrics); rank 0's verdict is taken all the same.
+        updated, stop = tdist.broadcast_object(
+            (result is not None and not result.skipped, result is not None and result.stop)
+        )  # type: ignore[misc]
+        # The trainer has taken this step: a failure from here on (Ctrl-C, a ParityError in
+        # the sync) checkpoints it as done, and `--resume` goes on with the next one.
+        self.summary.steps_done = step + 1
+        batch = plan.batch if plan is not None else None
+        trainer_logprobs = tdist.rank0_gather_rows(
+            result.logprobs if result is not None else None,
+            num_rows=batch.num_sequences if batch is not None else 0,
+            shape=batch.completion_ids.shape if batch is not None else (),
+        )
+        train_s = time.perf_counter() - train_started
+
+        sync_started = time.perf_counter()
+        parity = None
+        if updated:
+            self.num_updates += 1
+            parity = self._sync_weights()
+        sync_s = time.perf_counter() - sync_started
+        if self.driver is None:
+            return {}, stop
+        self.driver.engine_holds(step + 1)  # synced, or unchanged by a step without update
+        outcome = StepOutcome(
+            rollout_row=plan.row,
+            batch=batch,
+            result=result,
+            trainer_logprobs=trainer_logprobs,
+            updated=updated,
+            num_degenerate_groups=plan.num_degenerate_groups,
+            train_s=train_s,
+            sync_s=sync_s,
+            parity=parity,
+        )
+        row = self.driver.finish_step(step, plan, outcome, trained_version=trained_version)
+        return row, stop
+
+    def _rank0_take(self, step: int, trained_version: int) -> tuple[StepPlan, list[StepWork]]:
+        assert self.driver is not None
+        return self.driver.take_step(step, world_size=self.world, trained_version=trained_version)
+
+    def _share(self, fn: Callable[[], tuple[Any, list[Any]]]) -> tuple[Any, Any]:
+        """`tdist.rank0_share`; a failure it shares ends every rank the same way."""
+        return tdist.rank0_share(fn, gate=self._gate, on_shared_failure=self._ended_together)
+
+    def _ended_together(self) -> None:
+        self.ended_together = True
+
+    def _stop_producer(self) -> None:
+        if self.driver is not None:
+            self.driver.stop()
+
+    # ------------------------------------------------------------------ evaluation
+
+    def _evaluate_shared(self, step: int, when: str) -> EvalReport | None:
+        """Held-out evaluation on rank 0 (None on the other ranks)."""
+        clean = self.config.run.eval_clean_sampler
+        separate_clean = clean and self.injection.changes_sampling
+
+        def evaluate() -> tuple[EvalReport, list[None]]:
+            assert self.driver is not None
+            report, trajectories = self.driver.evaluate()
+            self.driver.log_evaluation(step, when, "eval", report, trajectories)
+            if clean and not separate_clean:  # the run's sampler is the clean one
+                self.driver.log_evaluation(step, when, "eval_clean", report, trajectories)
+            return report, [None] * self.world
+
+        report, _ = self._share(evaluate)
+        if separate_clean:
+            self._evaluate_clean_shared(step, when)
+        return report
+
+    def _evaluate_clean_shared(self, step: int, when: str) -> None:
+        """Held-out evaluation of the trainer's exact weights (`run.eval_clean_sampler`).
+
+        The engine gets the trainer's state for the evaluation, then the sampler's weights
+        back (`WeightSync.rank0_exact_weights`); the producer is held meanwhile.
+        """
+        full = self.trainer.rank0_full_state_dict()
+
+        def clean() -> tuple[None, list[None]]:
+            assert self.driver is not None and self.runtime is not None
+            engine = self.runtime.engine
+            with (
+                self.driver.producer.held(),
+                self.weight_sync.rank0_exact_weights(engine, full, self.num_updates),
+            ):
+                report, trajectories = self.driver.evaluate()
+                self.driver.log_evaluation(step, when, "eval_clean", report, trajectories)
+            return None, [None] * self.world
+
+        self._share(clean)
+
+    # ------------------------------------------------------------------ pieces
+
+    def _sync_weights(self, *, force: bool = False) -> ParityReport | None:
+        """Trainer weights -> engine, in flight, then the parity probe (every rank calls this).
+
+        With `inject` set, the engine gets the injected sampler weights (or nothing, on a
+        stale step: returns None) and the probe logs the gap instead of raising.
+        """
+        if not self.weight_sync.due(self.num_updates, force=force):
+            return None  # stale sampler: every rank skips the same syncs
+        prepared = self.weight_sync.prepare(self.trainer, self.num_updates)
+
+        def send() -> tuple[ParityReport, list[None]]:
+            assert self.runtime is not None
+            report = asyncio.run(
+                self.weight_sync.rank0_send(self.runtime.engine, prepared, self.num_updates)
+            )
+            return report, [None] * self.world
+
+        report, _ = self._share(send)
+        return report
+
+    def _checkpoint(self, step: int) -> None:
+        path = step_folder(self.run_dir, step)
+        if path in self.summary.checkpoints:
+            return
+        position = None
+        if self.driver is not None:
+            position = self.driver.position(step, self.num_updates).to_json()
+        checkpoint.save(  # every rank writes its part; rank 0 the data position
+            path,
+            self.trainer,
+            data_position=position,
+            config=self.config,
+            guard=self.guard,
+        )
+        self.summary.checkpoints.append(path)

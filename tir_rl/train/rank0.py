@@ -1,0 +1,310 @@
+"""Rank 0's side of a run: the rollout producer and its buffer, evaluation, logging.
+
+Every method here runs on rank 0 only (the other ranks hold no runtime); the loop in
+`tir_rl.train.loop` calls them inside its rank coordination.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tir_rl.errors import ConfigError
+from tir_rl.mismatch.staleness import mismatch_by_lag, staleness_metrics, token_lags
+from tir_rl.report.step_metrics import StepOutcome, episode_row, step_row
+from tir_rl.rollout.buffer import AdmissionSchedule, GroupBuffer, TakenStep
+from tir_rl.rollout.producer import RolloutProducer
+from tir_rl.train.update import StepPlan, StepWork, plan_step
+
+if TYPE_CHECKING:
+    from tir_rl.engine.activity import ActivityReading, MeteredEngine
+    from tir_rl.report.eval_stats import EvalReport
+    from tir_rl.report.metrics_logger import MetricsLogger
+    from tir_rl.rollout import EpisodeSpec
+    from tir_rl.run_config import RunConfig
+    from tir_rl.runtime import Runtime
+    from tir_rl.types import Trajectory
+
+logger = logging.getLogger(__name__)
+
+SEED_STRIDE = 1_000_003
+"""Task seeds of run seed s start at s · SEED_STRIDE."""
+
+
+@dataclass
+class DataPosition:
+    """Where a run stands in its task stream; saved in every checkpoint."""
+
+    step: int
+    """Steps done."""
+    next_group: int
+    """The first task index never admitted."""
+    pending_groups: list[int] = field(default_factory=list)
+    """Task indices admitted but not trained on (in flight or buffered when the checkpoint
+    was written): a resumed run plays them again first."""
+    num_updates: int = 0
+    """Optimizer updates applied: the policy version of the weights."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The checkpoint's `data_position`."""
+        return {
+            "step": self.step,
+            "next_group": self.next_group,
+            "pending_groups": list(self.pending_groups),
+            "num_updates": self.num_updates,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, *, fallback_step: int, groups_per_step: int) -> DataPosition:
+        """Read a checkpoint's `data_position` (an older checkpoint holds the step alone)."""
+        if isinstance(data, dict):
+            return cls(
+                step=int(data["step"]),
+                next_group=int(data["next_group"]),
+                pending_groups=[int(i) for i in data.get("pending_groups", ())],
+                num_updates=int(data.get("num_updates", data["step"])),
+            )
+        step = int(data if data is not None else fallback_step)
+        return cls(step=step, next_group=step * groups_per_step, num_updates=step)
+
+
+class Rank0Driver:
+    """The producer, the buffer, evaluation and the step's metrics row, on rank 0."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        runtime: Runtime,
+        metrics: MetricsLogger,
+        position: DataPosition,
+    ) -> None:
+        from tir_rl.runtime import env_factory
+
+        self.config = config
+        self.runtime = runtime
+        self.engine: MeteredEngine = runtime.engine
+        self.metrics = metrics
+        self.run_dir = config.run_dir
+        self.train_env = env_factory(config.env, config.env.train_split)
+        self.eval_env = env_factory(config.env, config.env.eval_split)
+        cfg = config.run
+        if position.step < cfg.steps:
+            schedule = AdmissionSchedule(
+                groups_per_step=cfg.tasks_per_step,
+                max_staleness=cfg.max_staleness,
+                num_steps=cfg.steps,
+                late_groups=cfg.late_groups,
+                first_step=position.step,
+                next_index=position.next_group,
+                replay=position.pending_groups,
+            )
+        else:  # a finished run resumed: nothing left to play
+            schedule = AdmissionSchedule(
+                groups_per_step=cfg.tasks_per_step, max_staleness=0, num_steps=position.step + 1,
+                first_step=position.step, next_index=position.next_group,
+            )  # fmt: skip
+        self.buffer = GroupBuffer(schedule)
+        self.producer = RolloutProducer(
+            runtime.rollout,
+            self.buffer,
+            self.group_specs,
+            max_concurrent_episodes=config.rollout.max_concurrent_episodes,
+        )
+        self._started = False
+        self._unfinished: tuple[int, list[int]] = (-1, [])
+        """The step taken last and its task indices, until the step is done."""
+        self._last_step_end = time.perf_counter()
+        self._last_reading: ActivityReading = self.engine.reading()
+
+    # ------------------------------------------------------------------ the task stream
+
+    def group_specs(self, index: int) -> list[EpisodeSpec]:
+        """The episodes of task `index` of the stream: its seed, group id `index`."""
+        from tir_rl.rollout import group_specs
+
+        cfg = self.config.run
+        return group_specs(
+            self.train_env,
+            cfg.seed * SEED_STRIDE + index,
+            group_size=cfg.group_size,
+            group_id=index,
+        )
+
+    def start(self) -> None:
+        """Start the producer (after the first evaluation, which runs alone)."""
+        if not self._started:
+            self._started = True
+            self.producer.start()
+            self._last_step_end = time.perf_counter()
+            self._last_reading = self.engine.reading()
+
+    def stop(self) -> None:
+        """Stop the producer; a group in flight is replayed by a resumed run."""
+        self.producer.stop()
+
+    def position(self, steps_done: int, num_updates: int) -> DataPosition:
+        """The checkpoint's record of the task stream.
+
+        A step taken from the buffer but not done (interrupted before its update) gives its
+        groups back to the pending list, so a resumed run trains on them.
+        """
+        next_group, pending, _, _ = self.buffer.snapshot()
+        taken_step, taken = self._unfinished
+        if taken_step >= steps_done:
+            pending = sorted([*pending, *taken])
+        return DataPosition(steps_done, next_group, pending, num_updates)
+
+    # ------------------------------------------------------------------ a step
+
+    def take_step(
+        self, step: int, *, world_size: int, trained_version: int
+    ) -> tuple[StepPlan, list[StepWork]]:
+        """Wait for the step's groups, compute advantages, share the batch out."""
+        taken = self.buffer.take()
+        if taken.step != step:
+            raise ConfigError(f"the buffer handed out step {taken.step} for step {step}")
+        self.producer.cancel(taken.dropped)
+        self._unfinished = (step, [group.ticket.index for group in taken.groups])
+        trajectories = [t for group in taken.groups for t in group.trajectories]
+        row = episode_row(trajectories, prefix="rollout")
+        row.update(self._async_row(taken))
+        plan, works = plan_step(
+            trajectories,
+            world_size=world_size,
+            # With a KL penalty a degenerate group (advantage 0) still has a gradient: keep it.
+            drop_degenerate_groups=(
+                self.config.run.drop_degenerate_groups and self.config.loss.kl_coef == 0
+            ),
+        )
+        plan.row = {**row, **plan.row}
+        if plan.batch is not None:
+            lags = token_lags(plan.batch.policy_versions, trained_version)
+            plan.row.update(staleness_metrics(lags, plan.batch.loss_mask, plan.batch.turn_ids))
+        return plan, works
+
+    def _async_row(self, taken: TakenStep) -> dict[str, float]:
+        _, _, buffered, dropped_total = self.buffer.snapshot()
+        return {
+            "perf/rollout_s": taken.wait_s,
+            "async/dropped_groups": float(len(taken.dropped)),
+            "async/dropped_groups_total": float(dropped_total),
+            "async/buffered_groups": float(buffered),
+            "async/in_flight_groups": float(len(self.buffer.running())),
+            "async/groups_due_later": float(
+                sum(group.ticket.due_step > taken.step for group in taken.groups)
+            ),
+        }
+
+    def engine_holds(self, steps_done: int) -> None:
+        """The engine has the weights of `steps_done` steps: admit groups up to the bound."""
+        self.buffer.advance_clock(steps_done)
+
+    def finish_step(
+        self,
+        step: int,
+        plan: StepPlan,
+        outcome: StepOutcome,
+        *,
+        trained_version: int,
+    ) -> dict[str, float]:
+        """The step's metrics row, logged with sample trajectories and plots."""
+        from tir_rl.report.run_log import save_trajectories
+
+        now = time.perf_counter()
+        reading = self.engine.reading()
+        interval = max(now - self._last_step_end, 1e-9)
+        busy = reading.busy_s - self._last_reading.busy_s
+        sampled = reading.num_sampled_tokens - self._last_reading.num_sampled_tokens
+        self._last_step_end, self._last_reading = now, reading
+        row = step_row(outcome)
+        batch, logprobs = plan.batch, outcome.trainer_logprobs
+        trained_tokens = float(batch.loss_mask.sum()) if batch is not None else 0.0
+        row.update(
+            {
+                "perf/step_s": interval,
+                "perf/engine_busy_fraction": min(busy / interval, 1.0),
+                "perf/trainer_busy_fraction": min(outcome.train_s / interval, 1.0),
+                "perf/trained_tokens_per_s": trained_tokens / interval,
+                "perf/rollout_tokens_per_s": sampled / max(busy, 1e-9),
+            }
+        )
+        if batch is not None and logprobs is not None:
+            lags = token_lags(batch.policy_versions, trained_version)
+            row.update(mismatch_by_lag(logprobs, batch.sampler_logprobs, batch.loss_mask, lags))
+        steps_done = step + 1
+        self.metrics.log(steps_done, row)
+        cfg = self.config.run
+        if cfg.save_trajectories and logprobs is not None:
+            keep = plan.in_batch[: cfg.save_trajectories]
+            save_trajectories(
+                self.run_dir / "trajectories.jsonl",
+                [plan.trajectories[i] for i in keep],
+                steps_done,
+                trainer_logprobs=[
+                    logprobs[row_i, : len(plan.trajectories[i].completion_ids)].tolist()
+                    for row_i, i in enumerate(keep)
+                ],
+                trained_version=trained_version,
+            )
+        if cfg.plot_every and steps_done % cfg.plot_every == 0:
+            self.plots(steps_done)
+        return row
+
+    # ------------------------------------------------------------------ evaluation
+
+    def evaluate(self) -> tuple[EvalReport, list[Trajectory]]:
+        """Play the held-out tasks with the engine's current weights, alone on the engine."""
+        from tir_rl.report.eval_stats import build_report
+        from tir_rl.runtime import task_specs
+
+        cfg = self.config.run
+        with self.producer.held():
+            t0 = time.perf_counter()
+            specs = task_specs(
+                self.eval_env, num_tasks=cfg.eval_tasks, group_size=cfg.eval_samples_per_task
+            )
+            trajectories = self.runtime.run_episodes(specs)
+        report = build_report(
+            trajectories,
+            env_id=self.config.env.id,
+            split=self.config.env.eval_split,
+            k=cfg.eval_samples_per_task,
+            wall_time_s=time.perf_counter() - t0,
+        )
+        return report, trajectories
+
+    def log_evaluation(
+        self,
+        step: int,
+        when: str,
+        prefix: str,
+        report: EvalReport,
+        trajectories: list[Trajectory],
+    ) -> None:
+        """Metrics row, `<prefix>_step_<step>.json` and one logged line for an evaluation."""
+        accuracy = report.pass_at_1
+        row = {
+            f"{prefix}/pass_at_1": accuracy.value,
+            f"{prefix}/pass_at_1_low": accuracy.low,
+            f"{prefix}/pass_at_1_high": accuracy.high,
+            f"{prefix}/mean_reward": report.mean_reward,
+        }
+        row.update(episode_row(trajectories, prefix=prefix))
+        self.metrics.log(step, row)
+        (self.run_dir / f"{prefix}_step_{step}.json").write_text(report.to_json() + "\n")
+        sampler = " (clean sampler)" if prefix == "eval_clean" else ""
+        logger.info(
+            "held-out pass@1%s %s training (step %d): %s (%d tasks × %d)",
+            sampler, when, step, accuracy, report.num_tasks, report.samples_per_task,
+        )  # fmt: skip
+
+    def plots(self, step: int) -> None:
+        """Redraw the PNG plots and send them to the sinks (W&B logs them)."""
+        from tir_rl.report.plots import write_plots
+
+        try:
+            self.metrics.log_plots(step, write_plots(self.run_dir))
+        except Exception as exc:  # noqa: BLE001 (plots must never end a run)
+            logger.warning("could not write plots: %s", exc)

@@ -1,0 +1,132 @@
+"""A step's batch and the update every rank runs on its share of it.
+
+`plan_step` turns one step's trajectories into GRPO advantages, the batch, and each rank's
+share (`StepWork`); `Update` is what every rank does with its share: the trainer's step
+(recompute ℓ^old, measure and correct the mismatch, PPO-clip loss, AdamW), or a scoring pass
+when the batch carries no learning signal.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from tir_rl import distributed as tdist
+from tir_rl.errors import TirError
+from tir_rl.mismatch.guard import CollapseGuard
+from tir_rl.trainer import StepResult, Trainer
+from tir_rl.trainer.batch import TrainBatch
+from tir_rl.types import Trajectory
+
+logger = logging.getLogger(__name__)
+
+MAX_FAILED_STEPS = 3
+"""Steps in a row without a trainable episode after which the run stops."""
+
+
+@dataclass
+class StepWork:
+    """What one rank gets from rank 0 for a step: its share of the batch, or none."""
+
+    batch: TrainBatch | None
+    """This rank's sequences; None when no episode of the step sampled a token."""
+    advantages: torch.Tensor | None
+    """[b] advantages of `batch`; None when the step only scores the batch (no signal)."""
+    first_error: str = ""
+    """The first episode error of a step without any sampled token."""
+
+
+@dataclass
+class StepPlan:
+    """Rank 0's view of a step's batch."""
+
+    trajectories: list[Trajectory]
+    in_batch: list[int]
+    """Indices of the trajectories in the batch (scored, and trained on when they carry signal)."""
+    batch: TrainBatch | None
+    row: dict[str, float]
+    num_degenerate_groups: int
+
+
+def plan_step(
+    trajectories: list[Trajectory], *, world_size: int = 1, drop_degenerate_groups: bool = True
+) -> tuple[StepPlan, list[StepWork]]:
+    """Advantages, the batch and each rank's share of it, from one step's trajectories.
+
+    Rank r trains on the r-th of `world_size` contiguous, near-equal slices of the batch.
+    When there are fewer sequences than ranks, a rank without one gets a copy of the first
+    sequence with an empty loss mask: it runs the passes FSDP2 needs and adds nothing to
+    the loss or the token count (its per-rank metrics still enter the rank average).
+    """
+    from tir_rl.trainer.loss import group_advantages
+
+    rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
+    groups = torch.tensor([t.group_id for t in trajectories], dtype=torch.long)
+    adv = group_advantages(rewards, groups, normalize_std=True)
+    # Episodes that sampled nothing (e.g. the env failed to reset) carry no gradient;
+    # they still count in their group's baseline above, as the failures they are.
+    sampled = [i for i, t in enumerate(trajectories) if t.num_model_tokens > 0]
+    trainable = sampled
+    if drop_degenerate_groups:
+        trainable = [i for i in sampled if not bool(adv.degenerate[i])]
+    in_batch = trainable or sampled
+    row = {"train/dropped_episodes": float(len(trajectories) - len(trainable))}
+    batch = TrainBatch.from_trajectories([trajectories[i] for i in in_batch]) if in_batch else None
+    plan = StepPlan(trajectories, in_batch, batch, row, int(adv.num_degenerate_groups))
+    if batch is None:
+        errors = [t.error for t in trajectories if t.error]
+        return plan, [StepWork(None, None, errors[0] if errors else "")] * world_size
+    advantages = adv.advantages[trainable] if trainable else None
+    if world_size == 1:
+        return plan, [StepWork(batch, advantages)]
+    works = []
+    for piece in tdist.even_split(batch.num_sequences, world_size):
+        if len(piece):
+            share = batch.select(piece)
+            part = advantages[piece.start : piece.stop] if advantages is not None else None
+        else:
+            share = batch.select([0])
+            share.loss_mask = torch.zeros_like(share.loss_mask)
+            part = torch.zeros(1) if advantages is not None else None
+        works.append(StepWork(share, part))
+    return plan, works
+
+
+class Update:
+    """Every rank's part of a step: the trainer's update (or scoring pass) on its share."""
+
+    def __init__(self, trainer: Trainer, guard: CollapseGuard) -> None:
+        self.trainer = trainer
+        self.guard = guard
+        self._failed_in_a_row = 0
+
+    def __call__(self, step: int, work: StepWork) -> StepResult | None:
+        """Recompute ℓ^old, measure and correct the mismatch, update; see `Trainer.train_step`.
+
+        Returns the trainer's result (a scoring pass, `Trainer.score_step`, when the batch
+        carries no learning signal), or None when no episode sampled a token.
+
+        Raises:
+            TirError: `MAX_FAILED_STEPS` steps in a row had no trainable episode.
+        """
+        if work.batch is None:
+            self._failed_in_a_row += 1
+            if tdist.is_rank0():
+                logger.warning(
+                    "step %d: no episode sampled any token; skipping the update. First error: %s",
+                    step, work.first_error or "none recorded",
+                )  # fmt: skip
+            if self._failed_in_a_row >= MAX_FAILED_STEPS:
+                raise TirError(
+                    f"{MAX_FAILED_STEPS} steps in a row produced no trainable episode. First "
+                    f"error: {work.first_error or 'none recorded'}. Run `tir-rl rollout "
+                    "--config ...` or `tir-rl doctor --config ...` to inspect the episodes."
+                )
+            return None
+        self._failed_in_a_row = 0
+        if work.advantages is None:  # no signal: score the batch; the guard still watches it
+            return self.trainer.score_step(work.batch, guard=self.guard)
+        # One forward per micro-batch; its detached logprobs are ℓ^old.
+        return self.trainer.train_step(work.batch, work.advantages, guard=self.guard)
