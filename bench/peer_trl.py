@@ -37,7 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 TRL_PYTHON = REPO / ".venv-trl" / "bin" / "python"
 TRL_SCRIPT = REPO / "bench" / "peer" / "trl_grpo.py"
-SEED_STRIDE = 1_000_003  # tir_rl/train.py: task seeds of step s are seed*STRIDE + s*B + i
+SEED_STRIDE = 1_000_003  # tir_rl/train/rank0.py: task seeds of step s are seed*STRIDE + s*B + i
 ENV_ID = "tir_rl/MultiHop-v0"
 TIR_MISMATCH_KEYS = (
     "mismatch/k3_kl",

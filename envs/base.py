@@ -24,8 +24,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import random
 import sys
 import threading
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -62,6 +64,10 @@ NUDGE = (
 """The user message sent after a turn with neither a tool call nor an answer."""
 
 
+_Z99 = 2.3263478740408408
+"""The standard normal's 99th percentile: a lognormal's p99 is its median · exp(σ · _Z99)."""
+
+
 class ToolEnv(gymnasium.Env[list[Message], Message]):
     """Base class of tool-use environments (one instance per concurrent episode).
 
@@ -84,11 +90,23 @@ class ToolEnv(gymnasium.Env[list[Message], Message]):
         episode ends with reward 0."""
         format_reward: float = 0.0
         """Bonus added to the reward when the final answer uses the ``<answer>`` tag."""
+        tool_latency_median_s: float = 0.0
+        """Simulated tool latency, for benchmarks: every turn with tool calls waits a
+        lognormal delay with this median before the results come back (0: none). Real tools
+        (web, sandboxes, APIs) are heavy-tailed; in-process tools answer in microseconds."""
+        tool_latency_p99_s: float = 0.0
+        """The simulated delay's 99th percentile (>= the median); sets the tail."""
 
         def validate(self) -> None:
             """Check values; raise `ConfigError` naming the bad field."""
             if self.split not in tuple(Split):
                 raise ConfigError(f"split={self.split!r}: choose 'train' or 'test'")
+            median, p99 = self.tool_latency_median_s, self.tool_latency_p99_s
+            if median < 0 or (median > 0 and p99 < median):
+                raise ConfigError(
+                    f"tool_latency_median_s={median}, tool_latency_p99_s={p99}: the median "
+                    "must be >= 0 and the 99th percentile at least the median"
+                )
             for name in ("num_tasks", "max_turns"):
                 value = getattr(self, name)
                 if value is not None and value < 1:
@@ -210,6 +228,7 @@ class ToolEnv(gymnasium.Env[list[Message], Message]):
             if calls:
                 with self._bind_sandbox():
                     results = tuple(self._run_call(call) for call in calls)
+                self._simulate_latency()
                 messages = [Message.tool(r.content, name=r.name or None) for r in results]
                 self._done = truncated
                 return messages, 0.0, False, truncated, StepInfo(self._turn, results).to_info()
@@ -229,6 +248,17 @@ class ToolEnv(gymnasium.Env[list[Message], Message]):
             self._close_sandbox()
 
     # ----------------------------------------------------------------- internals
+    def _simulate_latency(self) -> None:
+        """Sleep a lognormal delay drawn from `Config.tool_latency_median_s` and `_p99_s`.
+
+        Unseeded on purpose: the samples of one group share their task's seed, and real
+        latencies do not.
+        """
+        median, p99 = self.config.tool_latency_median_s, self.config.tool_latency_p99_s
+        if median > 0:
+            sigma = math.log(p99 / median) / _Z99
+            time.sleep(random.lognormvariate(math.log(median), sigma))
+
     def _reward(self, task: Task, extracted: ExtractedAnswer | None) -> Reward:
         if extracted is None:
             return Reward(correct=0.0, shaping=self.shaping(task))

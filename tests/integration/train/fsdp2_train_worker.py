@@ -22,10 +22,11 @@ from pathlib import Path
 import gymnasium
 import torch
 
-from tir_rl import cli, train
+from tir_rl import cli
 from tir_rl.engine import parity
 from tir_rl.envs.multihop import MultiHopEnv
 from tir_rl.errors import ParityError
+from tir_rl.train import rank0
 
 FAKE_ENV_ID = "tests/FakeParityRewardFsdp-v0"
 INJECTED_PARITY_MESSAGE = "injected parity failure for the test"
@@ -40,14 +41,14 @@ class FakeParityRewardEnv(MultiHopEnv):
 
 
 def _record_trajectories() -> None:
-    rollouts = train._TrainLoop._rollouts
+    take_step = rank0.Rank0Driver.take_step
 
-    def recording_rollouts(self, step):
-        plan, works = rollouts(self, step)
+    def recording_take_step(self, step, **kwargs):
+        plan, works = take_step(self, step, **kwargs)
         torch.save(plan.trajectories, self.run_dir / f"trajectories_step{step + 1}.pt")
         return plan, works
 
-    train._TrainLoop._rollouts = recording_rollouts
+    rank0.Rank0Driver.take_step = recording_take_step
 
 
 def _fail_parity_at(sync: int) -> None:

@@ -207,11 +207,16 @@ def test_a_parity_error_stops_every_rank_with_its_message(tmp_path):
     _assert_no_engine_left(outcomes)
 
 
+ASYNC = ("run.max_staleness=2", "rollout.seed=null")
+"""Asynchronous, unseeded (vLLM-CPU cannot resume a seeded request after an in-flight update)."""
+
+
 @pytest.fixture(scope="module")
 def interrupted(tmp_path_factory) -> tuple[Path, list[RankOutcome]]:
-    """The run of `run_dir`, Ctrl-C'd (SIGINT to its process group) once step 1 is logged."""
+    """The run of `run_dir` made asynchronous (k = 2), Ctrl-C'd (SIGINT to its process
+    group) once step 1 is logged."""
     out = tmp_path_factory.mktemp("interrupted")
-    proc = _start(out)
+    proc = _start(out, *ASYNC)
     metrics = out / "fsdp2_cpu" / "metrics.jsonl"
     deadline = time.monotonic() + 480
     while proc.poll() is None and time.monotonic() < deadline:
@@ -235,17 +240,18 @@ def test_ctrl_c_checkpoints_and_every_rank_exits_cleanly(interrupted):
     _assert_no_engine_left(outcomes)
 
 
-def test_resume_reproduces_the_next_step_of_an_uninterrupted_run(run_dir, interrupted):
+def test_resume_after_ctrl_c_trains_the_tasks_the_uninterrupted_run_trains(run_dir, interrupted):
     out, _ = interrupted
     resumed_dir = out / "fsdp2_cpu"
     outcomes = _finish(_start(out, resume=resumed_dir), out)
     logs = _logs(outcomes)
     assert [o.exit_code for o in outcomes] == [0, 0], logs
-    assert [r["step"] for r in _train_rows(resumed_dir)] == [1, 2]
+    rows = _train_rows(resumed_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(math.isfinite(r["train/loss"]) and r["staleness/lag_max"] <= 2 for r in rows)
+    # The groups in flight at Ctrl-C were played again: step 2 trains on the same tasks as
+    # the synchronous run's step 2 (their tokens differ: other weights sampled them).
     resumed = torch.load(resumed_dir / "trajectories_step2.pt", weights_only=False)
     straight = torch.load(run_dir / "trajectories_step2.pt", weights_only=False)
-    assert [t.completion_ids for t in resumed] == [t.completion_ids for t in straight]
-    want, got = _train_rows(run_dir)[1], _train_rows(resumed_dir)[1]
-    for key in ("train/loss", "train/grad_norm", "train/num_loss_tokens", "mismatch/k3_kl"):
-        assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+    assert [t.group_id for t in resumed] == [t.group_id for t in straight]
     _assert_no_engine_left(outcomes)

@@ -1,0 +1,171 @@
+"""The rollout producer with a scripted FakeEngine: groups flow into the buffer, a weight
+update never cuts a tool call, holds and stops leave nothing running."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from rollout_fakes import ANSWER, EventLog, FakeEngine, FakeToolEnv, call, max_active
+from transformers import AutoTokenizer
+
+from tir_rl.models import prepare_bundled_model
+from tir_rl.rollout import Rollout, group_specs
+from tir_rl.rollout.buffer import AdmissionSchedule, GroupBuffer, LateGroups
+from tir_rl.rollout.producer import RolloutProducer
+from tir_rl.types import RolloutStatus
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(prepare_bundled_model())
+
+
+def producer_for(engine, tokenizer, *, k, groups_per_step=1, steps=3, group_size=1,
+                 late=LateGroups.WAIT, **env_kwargs):  # fmt: skip
+    buffer = GroupBuffer(
+        AdmissionSchedule(
+            groups_per_step=groups_per_step,
+            max_staleness=k,
+            num_steps=steps,
+            late_groups=late,
+        )
+    )
+    rollout = Rollout(engine, tokenizer, Rollout.Config(max_turns=3))
+
+    def specs(index: int):
+        return group_specs(
+            lambda: FakeToolEnv(**env_kwargs),
+            None,
+            group_size=group_size,
+            group_id=index,
+            options={"task_index": index},
+        )
+
+    producer = RolloutProducer(rollout, buffer, specs, max_concurrent_episodes=8)
+    return producer, buffer
+
+
+def wait_until(predicate, timeout_s=20.0):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def turn_versions(trajectory) -> dict[int, set[int]]:
+    out: dict[int, set[int]] = {}
+    for turn, version, mask in zip(
+        trajectory.turn_ids, trajectory.policy_versions, trajectory.loss_mask, strict=True
+    ):
+        if mask:
+            out.setdefault(turn, set()).add(version)
+    return out
+
+
+def test_groups_flow_into_the_buffer_step_by_step(tokenizer):
+    engine = FakeEngine(tokenizer, lambda ep, turn: ANSWER)
+    producer, buffer = producer_for(engine, tokenizer, k=0, groups_per_step=2, group_size=2)
+    producer.start()
+    try:
+        taken = buffer.take()
+        assert taken.step == 0 and [g.ticket.index for g in taken.groups] == [0, 1]
+        assert all(len(g.trajectories) == 2 for g in taken.groups)
+        assert all(t.status is RolloutStatus.FINISHED for g in taken.groups for t in g.trajectories)
+        buffer.advance_clock(1)
+        assert [g.ticket.index for g in buffer.take().groups] == [2, 3]
+    finally:
+        producer.stop()
+
+
+def test_a_weight_update_during_a_tool_call_leaves_the_call_whole(tokenizer):
+    log, release = EventLog(), threading.Event()
+    engine = FakeEngine(
+        tokenizer,
+        lambda ep, turn: call("wait_for_release") if turn == 0 else ANSWER,
+        log=log,
+    )
+    producer, buffer = producer_for(engine, tokenizer, k=1, log=log, release=release)
+    producer.start()
+    try:
+        wait_until(lambda: ("tool_start",) in log.events)
+        asyncio.run(engine.update_weights({}, version=1))  # the trainer's step lands now
+        release.set()
+        (group,) = buffer.take().groups
+    finally:
+        release.set()
+        producer.stop()
+    (trajectory,) = group.trajectories
+    assert trajectory.status is RolloutStatus.FINISHED
+    assert trajectory.messages[3].content == "released"  # the tool's own result, not an error
+    assert turn_versions(trajectory) == {0: {0}, 1: {1}}  # the next turn carries the new version
+    order = [log.index("tool_start"), log.index("update_weights", 1), log.index("tool_end")]
+    assert order == sorted(order)
+    assert log.index("tool_end") < log.index("generate", 0, 1)
+
+
+def test_held_admits_nothing_and_waits_for_the_groups_in_flight(tokenizer):
+    log, release = EventLog(), threading.Event()
+    engine = FakeEngine(
+        tokenizer, lambda ep, turn: call("wait_for_release") if turn == 0 else ANSWER, log=log
+    )
+    producer, buffer = producer_for(engine, tokenizer, k=2, log=log, release=release)
+    producer.start()
+    try:
+        wait_until(lambda: len(buffer.running()) == 3)  # k = 2: steps 0, 1, 2 admitted
+
+        def hold() -> None:
+            with producer.held():
+                log.add("held")
+                assert buffer.running() == []
+            log.add("released hold")
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        time.sleep(0.2)
+        assert ("held",) not in log.events  # the groups in flight are still in their tools
+        release.set()
+        holder.join(20)
+        assert ("released hold",) in log.events
+        assert buffer.snapshot()[2] == 3  # all three played into the buffer
+    finally:
+        release.set()
+        producer.stop()
+
+
+def test_stop_cancels_the_groups_in_flight_and_closes_their_envs(tokenizer):
+    active: list[int] = []
+    release = threading.Event()
+    engine = FakeEngine(tokenizer, lambda ep, turn: call("wait_for_release"))
+    producer, buffer = producer_for(engine, tokenizer, k=1, release=release, active=active)
+    producer.start()
+    wait_until(lambda: sum(active) == 2)
+    producer.stop()
+    release.set()
+    wait_until(lambda: sum(active) == 0)  # every env was closed
+    assert max_active(active) == 2
+    next_index, pending, finished, _ = buffer.snapshot()
+    assert finished == 0 and pending == [0, 1]  # replayed by a resumed run
+    assert next_index == 2
+
+
+def test_drop_cancels_a_late_group_and_admits_a_new_task(tokenizer):
+    release = threading.Event()
+    engine = FakeEngine(
+        tokenizer, lambda ep, turn: call("wait_for_release") if ep == 0 and turn == 0 else ANSWER
+    )
+    producer, buffer = producer_for(
+        engine, tokenizer, k=1, groups_per_step=1, late=LateGroups.DROP, release=release
+    )
+    producer.start()
+    try:
+        taken = buffer.take()  # group 0 hangs in its tool; group 1 (due 1) finishes
+        assert [g.ticket.index for g in taken.groups] == [1]
+        assert [t.index for t in taken.dropped] == [0]
+        buffer.advance_clock(1)
+        assert [g.ticket.index for g in buffer.take().groups] == [2]
+    finally:
+        release.set()
+        producer.stop()
