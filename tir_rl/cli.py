@@ -68,9 +68,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return summary.exit_status
     print(f"run folder: {summary.run_dir}")
     print(
-        f"steps done: {summary.steps_done} in {summary.wall_time_s:.0f} s"
+        f"steps done: {summary.steps_done} in {summary.wall_time_s:.0f} s "
+        f"({summary.train_time_s:.0f} s of training)"
         + (" (interrupted)" if summary.interrupted else "")
         + (" (stopped by the collapse guard)" if summary.stopped_by_guard else "")
+        + (" (run.time_budget_s reached)" if summary.stopped_by_time_budget else "")
     )
     print(
         describe_change(

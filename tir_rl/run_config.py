@@ -88,6 +88,9 @@ class RunSection:
     turns). k > 0: rollouts go on while the trainer updates, new weights reach the engine in
     flight, and a group is admitted only if it will be trained within k versions of the
     weights the engine holds (docs/async.md)."""
+    time_budget_s: float | None = None
+    """Stop after this many seconds of training (evaluations excluded), even before `steps`;
+    the final evaluation and checkpoint follow as after the last step. None: run `steps`."""
     late_groups: LateGroups = LateGroups.WAIT
     """What a step does about its groups still being played (k > 0): `wait` for them (every
     admitted group is trained on), or `drop` them and admit new tasks (favours short
@@ -103,6 +106,8 @@ class RunSection:
         for name in ("steps", "tasks_per_step", "group_size", "eval_tasks"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"run.{name} must be >= 1, got {getattr(self, name)}")
+        if self.time_budget_s is not None and self.time_budget_s <= 0:
+            raise ConfigError(f"run.time_budget_s must be > 0 or null, got {self.time_budget_s}")
         if self.max_staleness < 0:
             raise ConfigError(
                 f"run.max_staleness must be >= 0 (0: synchronous), got {self.max_staleness}"

@@ -176,3 +176,29 @@ def test_characters_split_over_tokens_are_shown_on_the_completing_token():
     assert "ö" in shown and "✓" in shown and "日" in shown and "\ufffd" not in page
     assert shown.count("") == len(ids) - len(text)  # leading bytes of multi-byte characters
     assert "part of a character" in page
+
+
+def test_stale_tokens_are_underlined_by_their_lag_and_saved_versions_round_trip(tmp_path):
+    import dataclasses
+
+    t = trajectory()
+    # Turn 0 sampled by version 3, turn 1 by version 5 (an update landed between the turns).
+    pairs = zip(t.loss_mask, t.turn_ids, strict=True)
+    versions = [3 if m and turn == 0 else 5 if m else -1 for m, turn in pairs]
+    t = dataclasses.replace(t, policy_versions=versions)
+    path = tmp_path / "trajectories.jsonl"
+    save_trajectories(path, [t], step=6, trainer_logprobs=[trainer_logprobs(t, 0.1)],
+                      trained_version=5)  # fmt: skip
+    page = render_saved(path, FakeTokenizer(VOCAB))
+    assert page.count('data-version="3"') == 4 and page.count('data-version="5"') == 3
+    assert page.count(";border-bottom:3px solid rgb(220, 30, 30)") == 4  # lag 2: red tokens
+    assert "sampled by version 3 (lag 2)" in html.unescape(page)
+    assert "trained from version 5, lag 0-2" in page
+    assert "Underline: staleness" in page
+
+
+def test_without_stale_tokens_nothing_is_underlined():
+    t = trajectory()
+    page = render_html([t], FakeTokenizer(VOCAB), trainer_logprobs=[trainer_logprobs(t, 0.1)])
+    assert "border-bottom" not in page.split("</style>")[1]
+    assert "Underline: staleness" not in page

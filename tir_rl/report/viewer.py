@@ -6,6 +6,9 @@ it saw. Every model token (loss mask 1) is a span coloured by δ = trainer − s
 a diverging scale (blue: the trainer finds the token less likely than the sampler did; red:
 more likely), with a tooltip giving the token text, both logprobs and δ. Without trainer
 logprobs tokens are coloured by sampler surprisal −log p instead, and the legend says so.
+When the policy version the trainer updated from is known (`trained_versions`), a token
+sampled by older weights is underlined by its lag (orange 1, red 2, purple 3+), and its
+tooltip gives its version: staleness is seen beside the numerical gap.
 
 Token text is decoded one id at a time (`tokenizer.decode([id])`), so what is shown is what
 the model saw, token boundaries included; only a character that byte-level BPE split over
@@ -29,6 +32,8 @@ from tir_rl.report.viewer_style import (
     PAGE,
     SURPRISAL_SCALE,
     delta_color,
+    lag_color,
+    lag_legend,
     legend,
     surprisal_color,
 )
@@ -49,6 +54,8 @@ class _Coloring:
     trainer: bool
     """Colour by δ (else by sampler surprisal)."""
     scale: float
+    trained_version: int | None = None
+    """The version the trainer updated from (underline tokens by lag), if known."""
 
 
 def render_html(
@@ -59,6 +66,7 @@ def render_html(
     title: str = "tir-rl trajectories",
     labels: Sequence[str] | None = None,
     delta_scale: float | None = None,
+    trained_versions: Sequence[int | None] | None = None,
 ) -> str:
     """Render episodes as a self-contained HTML page.
 
@@ -71,6 +79,8 @@ def render_html(
         labels: Optional caption per episode (e.g. "step 10").
         delta_scale: |δ| drawn at full colour (default: the largest |δ| on the page,
             at least `MIN_DELTA_SCALE`).
+        trained_versions: Per trajectory, the policy version the trainer updated from (None
+            for all, or per trajectory): tokens sampled by older weights are underlined.
 
     Returns:
         The HTML document.
@@ -83,6 +93,9 @@ def render_html(
     if labels is not None and len(labels) != len(trajectories):
         raise ValueError(f"got {len(labels)} labels for {len(trajectories)} trajectories")
     num = len(trajectories)
+    versions = list(trained_versions) if trained_versions is not None else [None] * num
+    if len(versions) != num:
+        raise ValueError(f"got {len(versions)} trained versions for {num} trajectories")
     trainer = list(trainer_logprobs) if trainer_logprobs is not None else [None] * num
     for t, lp in zip(trajectories, trainer, strict=True):
         if lp is not None and len(lp) != len(t.completion_ids):
@@ -100,8 +113,12 @@ def render_html(
         f"<h1>{_e(title)}</h1>",
         legend(any_trainer, scale, all(lp is not None for lp in trainer)),
     ]
+    if any(_lags(t, v) for t, v in zip(trajectories, versions, strict=True)):
+        body.append(lag_legend())
     for i, (t, lp) in enumerate(zip(trajectories, trainer, strict=True)):
-        coloring = _Coloring(lp is not None, scale if lp is not None else SURPRISAL_SCALE)
+        coloring = _Coloring(
+            lp is not None, scale if lp is not None else SURPRISAL_SCALE, versions[i]
+        )
         label = labels[i] if labels is not None else ""
         body.append(_episode(i, t, lp, coloring, decode, label))
     return PAGE.format(title=_e(title), css=CSS, body="\n".join(body))
@@ -118,7 +135,19 @@ def render_saved(path: Path | str, tokenizer: Decoder, *, title: str | None = No
         trainer_logprobs=[s.trainer_logprobs for s in saved],
         title=title or f"tir-rl trajectories: {Path(path).name}",
         labels=[f"step {s.step}" for s in saved],
+        trained_versions=[s.trained_version for s in saved],
     )
+
+
+def _lags(t: Trajectory, trained_version: int | None) -> list[int]:
+    """Lag of each model token with a recorded version (empty when unknown)."""
+    if trained_version is None or not t.policy_versions:
+        return []
+    return [
+        trained_version - v
+        for v, m in zip(t.policy_versions, t.loss_mask, strict=True)
+        if m and v >= 0
+    ]
 
 
 def _deltas(t: Trajectory, trainer: Sequence[float] | None) -> list[float]:
@@ -195,6 +224,11 @@ def _episode(
     if deltas:
         facts.append(f"mean δ {sum(deltas) / len(deltas):+.4f}")
         facts.append(f"max |δ| {max(abs(d) for d in deltas):.4f}")
+    lags = _lags(t, coloring.trained_version)
+    if lags:
+        facts.append(
+            f"trained from version {coloring.trained_version}, lag {min(lags)}-{max(lags)}"
+        )
     status_class = "bad" if t.status.is_error else ("ok" if t.status == "finished" else "warn")
     parts = [
         f'<section class="episode" id="episode-{index}">',
@@ -258,7 +292,8 @@ def _turn(
         text = texts[pos]
         if t.loss_mask[pos]:
             lp = trainer[pos] if trainer is not None else None
-            spans.append(_model_token(text, t.sampler_logprobs[pos], lp, coloring))
+            version = t.policy_versions[pos] if t.policy_versions else None
+            spans.append(_model_token(text, t.sampler_logprobs[pos], lp, coloring, version))
         else:
             spans.append(_plain(text))
     num_model = sum(t.loss_mask[p] for p in positions)
@@ -289,7 +324,13 @@ def _message(m: Message) -> str:
     )
 
 
-def _model_token(text: str, sampler: float, trainer: float | None, coloring: _Coloring) -> str:
+def _model_token(
+    text: str,
+    sampler: float,
+    trainer: float | None,
+    coloring: _Coloring,
+    version: int | None = None,
+) -> str:
     shown = repr(text) if text else "(part of a character completed by a later token)"
     if coloring.trainer and trainer is not None:
         delta = trainer - sampler
@@ -306,6 +347,15 @@ def _model_token(text: str, sampler: float, trainer: float | None, coloring: _Co
         tip = f"token {shown}\nsampler logprob {sampler:.4f}\n(no trainer logprobs)"
         data = f' data-sampler="{sampler:.6g}"'
     style = f"background:rgb({rgb[0]},{rgb[1]},{rgb[2]})"
+    if version is not None and version >= 0:
+        tip += f"\nsampled by version {version}"
+        data += f' data-version="{version}"'
+        if coloring.trained_version is not None:
+            lag = coloring.trained_version - version
+            tip += f" (lag {lag})"
+            underline = lag_color(lag)
+            if underline is not None:
+                style += f";border-bottom:3px solid rgb{underline}"
     return f'<span class="tok" style="{style}" title="{_e(tip)}"{data}>{_e(text)}</span>'
 
 

@@ -30,6 +30,29 @@ def surprisal_color(logprob: float, scale: float = SURPRISAL_SCALE) -> tuple[int
     return (255, round(255 - 140 * x), round(255 - 215 * x))
 
 
+LAG_COLORS = ((0, 0, 0), (240, 160, 0), (220, 30, 30), (130, 40, 200))
+"""Underline of a model token by its lag: none (0), orange (1), red (2), purple (3 or more)."""
+
+
+def lag_color(lag: int) -> tuple[int, int, int] | None:
+    """The underline colour of a token `lag` versions stale; None for lag 0 or unknown."""
+    if lag <= 0:
+        return None
+    return LAG_COLORS[min(lag, len(LAG_COLORS) - 1)]
+
+
+def lag_legend() -> str:
+    """What the lag underlines mean (shown when a page has stale tokens)."""
+    swatches = " ".join(
+        f'<span style="border-bottom:3px solid rgb{color}">lag {label}</span>'
+        for label, color in zip(("1", "2", "3+"), LAG_COLORS[1:], strict=True)
+    )
+    return (
+        f'<div class="legend">Underline: staleness, the versions by which the weights that '
+        f"sampled a token lag those the trainer updated from: {swatches} (none: lag 0).</div>"
+    )
+
+
 def legend(any_trainer: bool, scale: float, all_trainer: bool) -> str:
     """The colour-scale explanation shown at the top of the page."""
     if any_trainer:

