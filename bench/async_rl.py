@@ -106,7 +106,12 @@ def run_one(setting: str, k: int, seed: int, *, steps: int, budget_s: float | No
         "train_time_s": summary.train_time_s,
         "steps": [{key: r.get(key) for key in ("step", *keys)} for r in train_rows],
         "lag_histogram": {str(lag): n for lag, n in sorted(lags.items())},
+        # what bench/async_sim.py replays (`--record`)
         "episode_s": episode_s,
+        "train_s": [r["perf/train_s"] for r in train_rows],
+        "sync_s": [r["perf/sync_s"] for r in train_rows],
+        "tasks_per_step": config.run.tasks_per_step,
+        "group_size": config.run.group_size,
         "evals": {str(step): scores for step, scores in sorted(evals.items())},
     }
 

@@ -187,11 +187,24 @@ class RunConfig:
             }
             self.correction = MismatchCorrection.Config.preset(self.correction_preset, **changed)
             self.correction_preset = None  # folded in: the saved config is explicit
+        self._warn_stale_sequence_masks()
         self._follow_model()
         self._apply_injection()
         if self.trainer.lr_schedule is LRSchedule.COSINE and self.trainer.schedule_steps == 0:
             self.trainer.schedule_steps = self.run.steps  # the documented meaning of 0
             self.trainer.validate()  # warm-up shorter than the run
+
+    def _warn_stale_sequence_masks(self) -> None:
+        """A narrow geometric band rejects stale sequences: say so (docs/async.md)."""
+        geo = self.correction.geo_mask
+        if self.run.max_staleness > 0 and geo is not None and geo[1] / max(geo[0], 1e-12) < 1.01:
+            logger.warning(
+                "correction geo_mask=%s with run.max_staleness=%d: the band detects numerical "
+                "mismatch, and the policy's drift over one update usually leaves it, so stale "
+                "sequences will be rejected (watch mismatch/correction/masked_seq_fraction). "
+                "docs/async.md: use correction_preset=token_tis, or widen geo_mask.",
+                geo, self.run.max_staleness,
+            )  # fmt: skip
 
     def _check_wandb(self) -> None:
         """W&B must be installed when named; its settings are refused when it is not named."""

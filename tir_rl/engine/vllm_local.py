@@ -165,6 +165,7 @@ class VLLMLocalEngine:
         try:
             with self._guard.starting():
                 self._llm = self._loop.run_sync(self._start())
+                self._loop.run_sync(self._label_start())
         except Exception as exc:
             self._loop.stop()
             self._guard.close()
@@ -201,10 +202,12 @@ class VLLMLocalEngine:
         reserved = None if c.cpu_reserved_cores is None else str(c.cpu_reserved_cores)
         # Read by the engine core process, which inherits this environment when it starts.
         with _environment_default(_RESERVED_CORES_VAR, reserved):
-            llm = AsyncLLM.from_engine_args(args)
-        await llm.update_weight_version(str(self._version))
+            return AsyncLLM.from_engine_args(args)
+
+    async def _label_start(self) -> None:
+        """Label the checkpoint's weights version 0 (vLLM's own label is "default")."""
+        await self._llm.update_weight_version(str(self._version))
         self._update_lock = asyncio.Lock()
-        return llm
 
     def _warn_ignored_settings(self) -> None:
         from vllm.platforms import current_platform

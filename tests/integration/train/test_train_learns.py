@@ -65,6 +65,23 @@ def test_grpo_raises_held_out_pass_at_1_of_the_lab_model(tmp_path):
     assert after.low > before.high, (str(before), str(after), rewards)
 
 
+ASYNCHRONOUS = ("run.max_staleness=2", "correction_preset=token_tis")
+"""Rollouts two policy versions ahead of the trainer (docs/async.md); the correction is
+token-level truncated IS, since geo_rs's band rejects every stale sequence."""
+
+
+def test_asynchronous_grpo_raises_held_out_pass_at_1_of_the_lab_model(tmp_path):
+    summary, rewards = train_lab_model(tmp_path, *ASYNCHRONOUS)
+    change = summary.accuracy_change
+    assert change is not None
+    rows = read_metrics(summary.run_dir)
+    lag_max = max(r.get("staleness/lag_max", 0.0) for r in rows)
+    why = (str(summary.accuracy_before), str(summary.accuracy_after), str(change), rewards)
+    assert lag_max >= 1, "the producer ran ahead of the trainer"
+    assert change.value >= 0.25, why
+    assert change.low > 0.0, why
+
+
 def test_a_lora_run_raises_held_out_pass_at_1_of_the_lab_model(tmp_path):
     pytest.importorskip("peft", reason='peft is not installed (pip install "tir-rl[lora]")')
     summary, rewards = train_lab_model(tmp_path, *PISSA_HEAD)
