@@ -405,3 +405,25 @@ def test_veto_preset_rejects_only_sequences_with_a_catastrophic_token() -> None:
     assert result.loss_mask[0].tolist() == [1.0, 1.0, 1.0]
     assert result.loss_mask[1].tolist() == [0.0, 0.0, 0.0]
     assert result.stats.veto_fraction == 0.5
+
+
+def test_the_plan_tells_the_trainer_what_each_correction_needs():
+    from tir_rl.mismatch import BypassMode, MismatchCorrection
+
+    def plan(name, **overrides):
+        return MismatchCorrection.Config.preset(name, **overrides).plan()
+
+    assert plan("none").changes_nothing and not plan("none").proximal_is_sampler
+    assert not plan("token_tis").changes_nothing  # weighs
+    assert not plan("geo_rs").changes_nothing  # rejects
+    bypass = plan("token_tis", bypass=BypassMode.PPO_CLIP)
+    assert bypass.changes_nothing and bypass.proximal_is_sampler  # ppo_clip weighs nothing
+    assert plan("seq_tis", batch_normalize=True).whole_batch_first
+    assert not plan("seq_tis").whole_batch_first
+    old, sampler = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -2.0]])
+    mask, turns = torch.tensor([[1, 1]]), torch.tensor([[0, 0]])
+    weights, kept = plan("none").weights_and_mask(old, sampler, mask, turns)
+    assert weights.tolist() == [[1.0, 1.0]] and kept is mask
+    weights, _ = plan("token_tis").weights_and_mask(old, sampler, mask, turns)
+    assert weights[0, 0].item() == pytest.approx(math.exp(0.5)) and weights[0, 1].item() == 1.0
+    assert torch.equal(bypass.proximal(old, sampler), sampler)

@@ -21,6 +21,7 @@ See `docs/mismatch.md` for what each metric means and which correction to pick.
 from tir_rl.mismatch.correction import (
     PRESET_NAMES,
     BypassMode,
+    CorrectionPlan,
     CorrectionResult,
     CorrectionStats,
     ISLevel,
@@ -35,6 +36,7 @@ from tir_rl.mismatch.metrics import (
 
 __all__ = [
     "BypassMode",
+    "CorrectionPlan",
     "CorrectionResult",
     "CorrectionStats",
     "ISLevel",

@@ -180,6 +180,16 @@ class MismatchCorrection:
             vetoes = (self.veto_threshold, self.seq_max_k2, self.seq_mean_k3)
             return any(f is not None for f in fields + vetoes)
 
+        def plan(self) -> CorrectionPlan:
+            """How an update applies this correction (see `CorrectionPlan`)."""
+            weighs = self.is_level is not ISLevel.NONE and self.bypass is not BypassMode.PPO_CLIP
+            return CorrectionPlan(
+                self,
+                whole_batch_first=self.batch_normalize,
+                changes_nothing=not self.rejects and not weighs,
+                proximal_is_sampler=self.bypass is BypassMode.PPO_CLIP,
+            )
+
     def __init__(self, config: Config | None = None) -> None:
         self.config = config if config is not None else MismatchCorrection.Config()
         self.config.validate()
@@ -270,6 +280,38 @@ class MismatchCorrection:
         else:
             weights = unit_w
         return torch.where(keep, weights, torch.zeros_like(weights))
+
+
+@dataclass(frozen=True)
+class CorrectionPlan:
+    """How an update applies a correction: what the trainer asks, so it decides nothing itself.
+
+    The trainer's update runs per micro-batch; a correction is per sequence, so it runs there
+    too, unless its weights are normalized over the whole batch (`whole_batch_first`).
+    """
+
+    config: MismatchCorrection.Config
+    whole_batch_first: bool
+    """The weights are normalized over the batch (`batch_normalize`): correct the whole
+    batch, from a no-grad recompute of ℓ^old, before the update's micro-batches."""
+    changes_nothing: bool
+    """No rejection and no IS weight (or bypass `ppo_clip`, which weighs nothing): every
+    model token keeps weight 1 and the mask stands, so nothing needs computing."""
+    proximal_is_sampler: bool
+    """Bypass `ppo_clip`: the loss's ℓ^old is the sampler's ℓ^μ, not the recompute."""
+
+    def weights_and_mask(
+        self, old: Tensor, sampler: Tensor, loss_mask: Tensor, turn_ids: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """[b, T] detached weights and the corrected mask of some whole sequences."""
+        if self.changes_nothing:
+            return loss_mask.float(), loss_mask
+        fixed = correction(old, sampler, loss_mask, turn_ids, self.config)
+        return fixed.weights.detach(), fixed.loss_mask
+
+    def proximal(self, old: Tensor, sampler: Tensor) -> Tensor:
+        """The ℓ^old the PPO ratio of the loss is taken against."""
+        return sampler if self.proximal_is_sampler else old
 
 
 def _stats(

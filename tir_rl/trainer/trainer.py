@@ -58,8 +58,8 @@ from tir_rl import distributed as tdist
 from tir_rl.errors import ConfigError, did_you_mean
 from tir_rl.mismatch import (
     BypassMode,
+    CorrectionPlan,
     CorrectionResult,
-    ISLevel,
     MismatchCorrection,
     correction,
     mismatch_metrics,
@@ -526,8 +526,9 @@ class Trainer:
             raise ConfigError(
                 f"advantages must have shape [{batch.num_sequences}], got {tuple(advantages.shape)}"
             )
+        plan = self.correction_config.plan()
         presplit = None
-        if old_logprobs is None and self.correction_config.batch_normalize:
+        if old_logprobs is None and plan.whole_batch_first:
             old_logprobs = self.compute_logprobs(batch)
         if old_logprobs is not None:  # two-pass: correct the whole batch before the loop
             old_logprobs = old_logprobs.detach().float().cpu()
@@ -536,7 +537,7 @@ class Trainer:
 
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        update = self._update_pass(batch, advantages, old_logprobs, presplit)
+        update = self._update_pass(batch, advantages, old_logprobs, presplit, plan)
         t_backward = time.perf_counter()
 
         if old_logprobs is None:
@@ -656,6 +657,7 @@ class Trainer:
         advantages: torch.Tensor,
         old_logprobs: torch.Tensor | None,
         presplit: CorrectionResult | None,
+        plan: CorrectionPlan,
     ) -> _UpdatePass:
         """Forward, correction, unnormalized loss and backward of every micro-batch.
 
@@ -675,10 +677,6 @@ class Trainer:
         if presplit is not None:
             on_device["weights"] = presplit.weights.detach().float().to(dev)
             on_device["mask"] = presplit.loss_mask.to(dev)
-        identity = not self.correction_config.rejects and (
-            self.correction_config.is_level is ISLevel.NONE
-            or self.correction_config.bypass is BypassMode.PPO_CLIP
-        )
         logprobs = torch.zeros(batch.completion_ids.shape, dtype=torch.float32, device=dev)
         sums = torch.zeros(2, dtype=torch.float64, device=dev)  # loss, entropy of mask-1 tokens
         names: list[str] = []
@@ -711,19 +709,12 @@ class Trainer:
             old = on_device["old"][seqs, :width] if old_logprobs is not None else theta.detach()
             if presplit is not None:
                 weights, mask = on_device["weights"][seqs, :width], on_device["mask"][seqs, :width]
-            elif identity:
-                weights, mask = model_mask.float(), model_mask
             else:
-                fixed = correction(
-                    old, sampler, model_mask, on_device["turn_ids"][seqs, :width],
-                    self.correction_config,
-                )  # fmt: skip
-                weights, mask = fixed.weights.detach(), fixed.loss_mask
-            if self.correction_config.bypass is BypassMode.PPO_CLIP:
-                old = sampler  # ℓ^old := ℓ^μ; weights are all 1
+                turns = on_device["turn_ids"][seqs, :width]
+                weights, mask = plan.weights_and_mask(old, sampler, model_mask, turns)
             loss, loss_metrics = self.loss_fn(
                 theta,
-                old_logprobs=old,
+                old_logprobs=plan.proximal(old, sampler),
                 advantages=on_device["advantages"][seqs],
                 loss_mask=mask,
                 weights=weights,
