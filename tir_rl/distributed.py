@@ -17,7 +17,6 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
@@ -28,20 +27,14 @@ import torch.distributed as dist
 from torch import nn
 
 from tir_rl.errors import ConfigError, ParityError, TirError
+from tir_rl.metric import Metric, ReduceOp
+
+__all__ = ["ReduceOp"]  # re-exported: the tensor reductions take it
 
 logger = logging.getLogger(__name__)
 
 Kept = TypeVar("Kept")
 Part = TypeVar("Part")
-
-
-class ReduceOp(StrEnum):
-    """How a scalar is combined across ranks."""
-
-    SUM = "sum"
-    MEAN = "mean"
-    MAX = "max"
-    MIN = "min"
 
 
 def is_initialized() -> bool:
@@ -203,37 +196,43 @@ def all_gather_object(obj: object) -> list[object]:
     return out
 
 
-def all_reduce_metrics(
-    metrics: Mapping[str, float], ops: Mapping[str, ReduceOp] | None = None
-) -> dict[str, float]:
-    """Reduce a flat metrics dict across ranks to the values of the whole batch.
+def all_reduce_metrics(metrics: Mapping[str, Metric]) -> dict[str, float]:
+    """Reduce a flat row of metrics across ranks to the values of the whole batch.
 
-    Ranks may hold different keys (e.g. per-turn buckets only some ranks have): the result
-    has the union, each reduced over the ranks that have it. A key's op comes from `ops`,
-    else from its name (`metric_reduce_op`): counts are summed, `max`/`min` names take the
-    maximum/minimum, everything else is a mean.
+    Each value is a `Metric` that declares its reduction (`tir_rl.metric`): counts are
+    summed; a mean is the global ratio, not the average of per-rank ratios: each rank's value
+    is weighted by the count its `over` names (a rank holding fewer tokens counts less; one
+    holding none, e.g. the masked copy a rank without a sequence trains on, counts not at
+    all), and such a rank's maxima and minima are left out too. A mean without `over` is
+    averaged over the ranks holding it. Ranks may hold different keys (e.g. per-turn
+    buckets only some ranks have): the result has the union, each reduced over the ranks
+    that have it.
 
-    A mean is the global ratio, not the average of per-rank ratios: each rank's value is
-    weighted by its denominator, the count named by `metric_denominator` (a rank holding
-    fewer tokens counts less; one holding none, e.g. the masked copy a rank without a
-    sequence trains on, counts not at all), and such a rank's `max`/`min` are left out too.
-    Keys without a denominator in the dict are averaged over the ranks holding them.
+    Raises:
+        TypeError: a value is not a `Metric` (every metric must say how it combines), also
+            without a process group, so a one-process test catches it.
     """
+    undeclared = [k for k, v in metrics.items() if not isinstance(v, Metric)]
+    if undeclared:
+        raise TypeError(
+            f"metrics {undeclared[:3]} are plain numbers: return a tir_rl.metric.Metric that "
+            "declares how it combines across ranks (count, mean over a count, max, min)"
+        )
     if not is_initialized():
-        return dict(metrics)
-    keys = sorted({k for ks in all_gather_object(sorted(metrics)) for k in ks})  # type: ignore[union-attr]  # lists of str
-    ops = dict(ops or {})
+        return {k: float(v) for k, v in metrics.items()}
+    declared = all_gather_object({k: (m.reduce, m.over) for k, m in metrics.items()})
+    kinds: dict[str, tuple[ReduceOp, str | None]] = {}
+    for rank_kinds in declared:
+        kinds.update(rank_kinds)  # type: ignore[arg-type]  # dicts of declarations
     by_op: dict[ReduceOp, list[str]] = {}
-    for key in keys:
-        by_op.setdefault(ops.get(key) or metric_reduce_op(key), []).append(key)
-    known = set(keys)
+    for key in sorted(kinds):
+        by_op.setdefault(kinds[key][0], []).append(key)
     out: dict[str, float] = {}
     for op, names in by_op.items():
         values = torch.tensor([float(metrics.get(k, 0.0)) for k in names], dtype=torch.float64)
         present = torch.tensor([float(k in metrics) for k in names], dtype=torch.float64)
         weight = present * torch.tensor(
-            [_local_weight(metrics, metric_denominator(k, known)) for k in names],
-            dtype=torch.float64,
+            [_local_weight(metrics, kinds[k][1]) for k in names], dtype=torch.float64
         )
         if op is ReduceOp.SUM:
             reduced = all_reduce_tensor(values * present, ReduceOp.SUM)
@@ -244,7 +243,7 @@ def all_reduce_metrics(
             weighted = sums[0] / sums[1].clamp(min=1e-300)
             plain = sums[2] / sums[3].clamp(min=1)
             reduced = torch.where(sums[1] > 0, weighted, plain)
-        else:  # MAX / MIN: ranks whose denominator is 0 have nothing to contribute
+        else:  # MAX / MIN: ranks whose count is 0 have nothing to contribute
             fill = -math.inf if op is ReduceOp.MAX else math.inf
             both = all_reduce_tensor(
                 torch.stack(
@@ -257,46 +256,10 @@ def all_reduce_metrics(
     return out
 
 
-def metric_reduce_op(name: str) -> ReduceOp:
-    """How a metric combines across ranks, from its last name part.
-
-    `num_*` and `*_tokens` are counts (summed); names containing `max`/`min` take the
-    maximum/minimum; everything else is a mean.
-    """
-    leaf = name.rsplit("/", 1)[-1]
-    if leaf.startswith("num_") or leaf.endswith("_tokens"):
-        return ReduceOp.SUM
-    if "max" in leaf:
-        return ReduceOp.MAX
-    if "min" in leaf:
-        return ReduceOp.MIN
-    return ReduceOp.MEAN
-
-
-def metric_denominator(name: str, keys: AbstractSet[str]) -> str | None:
-    """The count among `keys` that `name`'s value is a ratio over, or None.
-
-    A namespace holding `num_tokens` (e.g. `mismatch/`, `mismatch/turn_1/`) has its ratios
-    over tokens, except sequence ratios (a last part containing `seq` or `ppl`) over
-    `num_seqs` and the correction's weight stats over `num_tokens_kept`, when the namespace
-    holds those. Ratios over a unit the namespace does not count (e.g. turns) fall back to
-    its tokens: exact when a rank holds no tokens, a token-weighted mean otherwise.
-    """
-    namespace, _, leaf = name.rpartition("/")
-    prefix = f"{namespace}/" if namespace else ""
-    if f"{prefix}num_tokens" not in keys or metric_reduce_op(name) is ReduceOp.SUM:
-        return None
-    if ("seq" in leaf or "ppl" in leaf) and f"{prefix}num_seqs" in keys:
-        return f"{prefix}num_seqs"
-    if leaf.startswith("weight_") and f"{prefix}num_tokens_kept" in keys:
-        return f"{prefix}num_tokens_kept"
-    return f"{prefix}num_tokens"
-
-
-def _local_weight(metrics: Mapping[str, float], denominator: str | None) -> float:
-    if denominator is None:
+def _local_weight(metrics: Mapping[str, float], over: str | None) -> float:
+    if over is None:
         return 1.0
-    return max(float(metrics.get(denominator, 0.0)), 0.0)
+    return max(float(metrics.get(over, 0.0)), 0.0)
 
 
 def broadcast_object(obj: object, src: int = 0) -> object:

@@ -16,20 +16,15 @@ import textwrap
 
 import pytest
 
-from tir_rl.distributed import (
-    ReduceOp,
-    all_reduce_metrics,
-    free_port,
-    metric_denominator,
-    metric_reduce_op,
-)
+from tir_rl.distributed import all_reduce_metrics, free_port
+from tir_rl.metric import Metric, ReduceOp
 
 RANK_SCRIPT = textwrap.dedent(
     """
     import json, sys
     import torch
     from tir_rl import distributed as tdist
-    from tir_rl.mismatch import mismatch_metrics
+    from tir_rl.mismatch import CorrectionStats, mismatch_metrics
 
     rank, port, split = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     gen = torch.Generator().manual_seed(0)
@@ -46,13 +41,19 @@ RANK_SCRIPT = textwrap.dedent(
         rows = [0, 1, 2, 3] if rank == 0 else [3]
         shard_mask = mask[rows] * (rank == 0)
     local = mismatch_metrics(trainer[rows], sampler[rows], shard_mask, turns[rows])
-    kept = shard_mask.sum().item()
-    local |= {
-        "mismatch/correction/num_tokens": kept,
-        "mismatch/correction/num_tokens_kept": max(kept - rank, 0),
-        "mismatch/correction/weight_mean": 1.0 + rank,
-        "mismatch/correction/masked_token_fraction": rank / max(kept, 1),
-    }
+    kept = int(shard_mask.sum().item())
+    local |= CorrectionStats(
+        num_tokens=kept,
+        num_tokens_kept=max(kept - rank, 0),
+        masked_token_fraction=rank / max(kept, 1),
+        masked_turn_fraction=0.0,
+        masked_seq_fraction=0.0,
+        veto_fraction=0.0,
+        weight_mean=1.0 + rank,
+        weight_std=0.0,
+        weight_min=1.0 + rank,
+        weight_max=1.0 + rank,
+    ).to_dict()
     tdist.init_process_group(rank=rank, world_size=2, master_port=port, timeout_s=60)
     reduced = tdist.all_reduce_metrics(local)
     tdist.destroy_process_group()
@@ -134,32 +135,47 @@ def test_a_rank_average_would_differ_from_the_whole_batch():
         assert abs(average - whole[key]) > 1e-3 * abs(whole[key]), key
 
 
-@pytest.mark.parametrize(
-    ("name", "op", "denominator"),
-    [
-        ("mismatch/kl", ReduceOp.MEAN, "mismatch/num_tokens"),
-        ("mismatch/is_token_ess", ReduceOp.MEAN, "mismatch/num_tokens"),
-        ("mismatch/chi2_seq", ReduceOp.MEAN, "mismatch/num_seqs"),
-        ("mismatch/rollout_ppl", ReduceOp.MEAN, "mismatch/num_seqs"),
-        ("mismatch/log_ppl_diff_max", ReduceOp.MAX, "mismatch/num_seqs"),
-        ("mismatch/is_token_min", ReduceOp.MIN, "mismatch/num_tokens"),
-        ("mismatch/num_tokens", ReduceOp.SUM, None),
-        ("mismatch/nonfinite_tokens", ReduceOp.SUM, None),
-        ("mismatch/turn_2/k3_kl", ReduceOp.MEAN, "mismatch/turn_2/num_tokens"),
-        ("mismatch/correction/weight_std", ReduceOp.MEAN, "mismatch/correction/num_tokens_kept"),
-        ("mismatch/correction/veto_fraction", ReduceOp.MEAN, "mismatch/correction/num_tokens"),
-        ("train/clip_fraction", ReduceOp.MEAN, None),
-    ],
-)
-def test_each_metric_has_its_op_and_denominator(name, op, denominator):
-    keys = {
-        "mismatch/num_tokens", "mismatch/num_seqs", "mismatch/turn_2/num_tokens",
-        "mismatch/correction/num_tokens", "mismatch/correction/num_tokens_kept",
-    }  # fmt: skip
-    assert metric_reduce_op(name) is op
-    assert metric_denominator(name, keys | {name}) == denominator
+def test_each_metric_declares_how_it_combines_across_ranks():
+    import torch
+
+    from tir_rl.mismatch import CorrectionStats, mismatch_metrics
+
+    trainer = torch.tensor([[-1.0, -2.0, -0.5, 0.0]])
+    sampler = torch.tensor([[-1.2, -1.9, -0.5, 0.0]])
+    mask, turns = torch.tensor([[1, 1, 1, 0]]), torch.tensor([[0, 0, 1, 1]])
+    row = mismatch_metrics(trainer, sampler, mask, turns)
+    expected = {
+        "mismatch/kl": (ReduceOp.MEAN, "mismatch/num_tokens"),
+        "mismatch/is_token_ess": (ReduceOp.MEAN, "mismatch/num_tokens"),
+        "mismatch/chi2_seq": (ReduceOp.MEAN, "mismatch/num_seqs"),
+        "mismatch/rollout_ppl": (ReduceOp.MEAN, "mismatch/num_seqs"),
+        "mismatch/log_ppl_diff_max": (ReduceOp.MAX, "mismatch/num_seqs"),
+        "mismatch/is_token_min": (ReduceOp.MIN, "mismatch/num_tokens"),
+        "mismatch/abs_diff_max": (ReduceOp.MAX, "mismatch/num_tokens"),
+        "mismatch/num_tokens": (ReduceOp.SUM, None),
+        "mismatch/nonfinite_tokens": (ReduceOp.SUM, None),
+        "mismatch/turn_1/k3_kl": (ReduceOp.MEAN, "mismatch/turn_1/num_tokens"),
+    }
+    assert {k: (row[k].reduce, row[k].over) for k in expected} == expected
+    assert all(isinstance(v, Metric) for v in row.values())
+    stats = CorrectionStats(3, 2, 1 / 3, 0.5, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0).to_dict()
+    kept = "mismatch/correction/num_tokens_kept"
+    assert (
+        stats["mismatch/correction/weight_std"].reduce,
+        stats["mismatch/correction/weight_std"].over,
+    ) == (ReduceOp.MEAN, kept)
+    assert stats["mismatch/correction/veto_fraction"].over == "mismatch/correction/num_tokens"
+    assert stats[kept].reduce is ReduceOp.SUM
+
+
+def test_a_metric_that_does_not_declare_its_reduction_is_refused():
+    with pytest.raises(TypeError, match="declares how it combines"):
+        all_reduce_metrics({"mismatch/kl": 0.5})
 
 
 def test_without_a_process_group_metrics_pass_through():
-    metrics = {"mismatch/kl": 0.5, "mismatch/num_tokens": 3.0}
-    assert all_reduce_metrics(metrics) == metrics
+    metrics = {
+        "mismatch/kl": Metric.mean(0.5, "mismatch/num_tokens"),
+        "mismatch/num_tokens": Metric.count(3.0),
+    }
+    assert all_reduce_metrics(metrics) == {"mismatch/kl": 0.5, "mismatch/num_tokens": 3.0}

@@ -13,7 +13,6 @@ number of tokens on the *corrected* mask and passes that mask to `GRPOLoss`.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -22,6 +21,7 @@ import torch
 from torch import Tensor
 
 from tir_rl.errors import ConfigError
+from tir_rl.metric import Metric
 from tir_rl.mismatch.metrics import clamped_exp, masked_log_ratio, turn_segments
 
 Bounds = tuple[float, float]
@@ -87,9 +87,25 @@ class CorrectionStats:
     weight_min: float
     weight_max: float
 
-    def to_dict(self, prefix: str = "mismatch/correction") -> dict[str, float]:
-        """Flat metrics for the logger, keys `prefix/name`."""
-        return {f"{prefix}/{k}": float(v) for k, v in dataclasses.asdict(self).items()}
+    def to_dict(self, prefix: str = "mismatch/correction") -> dict[str, Metric]:
+        """Flat metrics for the logger, keys `prefix/name`, declared for the rank reduction.
+
+        The fractions are over the batch's model tokens (a rank's share weighs by its
+        tokens), the weight statistics over the kept tokens.
+        """
+        tokens, kept = f"{prefix}/num_tokens", f"{prefix}/num_tokens_kept"
+        return {
+            tokens: Metric.count(self.num_tokens),
+            kept: Metric.count(self.num_tokens_kept),
+            f"{prefix}/masked_token_fraction": Metric.mean(self.masked_token_fraction, tokens),
+            f"{prefix}/masked_turn_fraction": Metric.mean(self.masked_turn_fraction, tokens),
+            f"{prefix}/masked_seq_fraction": Metric.mean(self.masked_seq_fraction, tokens),
+            f"{prefix}/veto_fraction": Metric.mean(self.veto_fraction, tokens),
+            f"{prefix}/weight_mean": Metric.mean(self.weight_mean, kept),
+            f"{prefix}/weight_std": Metric.mean(self.weight_std, kept),
+            f"{prefix}/weight_min": Metric.min(self.weight_min, kept),
+            f"{prefix}/weight_max": Metric.max(self.weight_max, kept),
+        }
 
 
 @dataclass(frozen=True)

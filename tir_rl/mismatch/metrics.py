@@ -20,6 +20,8 @@ import math
 import torch
 from torch import Tensor
 
+from tir_rl.metric import Metric
+
 LOG_RATIO_BOUND = 20.0
 """Log-ratios are clamped to [−20, 20] before `exp` (verl `SAFETY_BOUND`), here and in the
 policy loss (`tir_rl.trainer.loss`)."""
@@ -100,6 +102,29 @@ def distance_from_tool_response(turn_ids: Tensor, valid: Tensor) -> Tensor:
     return torch.where(valid & (turn_ids != first_turn), distance, torch.full_like(distance, -1))
 
 
+_MAX_LEAVES = ("abs_diff_max", "log_ppl_diff_max", "is_token_max", "is_seq_max")
+_MIN_LEAVES = ("log_ppl_diff_min", "is_token_min", "is_seq_min")
+_COUNT_LEAVES = ("num_tokens", "num_seqs", "nonfinite_tokens")
+_SEQUENCE_LEAVES = ("ppl", "log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio", "chi2_seq", "is_seq")
+
+
+def _declared(prefix: str, leaf: str, value: float) -> Metric:
+    """How a `mismatch_metrics` value combines across ranks.
+
+    Counts add up; the sequence statistics are over the row's sequences, everything else
+    over its model tokens.
+    """
+    if leaf in _COUNT_LEAVES:
+        return Metric.count(value)
+    sequences = any(part in leaf for part in _SEQUENCE_LEAVES)
+    over = f"{prefix}/num_seqs" if sequences else f"{prefix}/num_tokens"
+    if leaf in _MAX_LEAVES:
+        return Metric.max(value, over)
+    if leaf in _MIN_LEAVES:
+        return Metric.min(value, over)
+    return Metric.mean(value, over)
+
+
 def _moment_stats(w: Tensor, cap: float, prefix: str, out: dict[str, Tensor]) -> None:
     """IS weight stats of the 1-D weights `w`: mean/min/max raw; std/ESS on [1/C, C]."""
     n = w.numel()
@@ -126,14 +151,15 @@ def _bucket_table(bucket: Tensor, num_buckets: int, columns: Tensor) -> Tensor:
     return table.index_add_(0, bucket, torch.cat([columns, ones], dim=1))
 
 
-def _emit_buckets(table: Tensor, labels: list[str], prefix: str, out: dict[str, float]) -> None:
+def _emit_buckets(table: Tensor, labels: list[str], prefix: str, out: dict[str, Metric]) -> None:
     for label, (neg_delta, k3_sum, abs_sum, count) in zip(labels, table.tolist(), strict=True):
         if count == 0:
             continue
-        out[f"{prefix}/{label}/kl"] = neg_delta / count
-        out[f"{prefix}/{label}/k3_kl"] = k3_sum / count
-        out[f"{prefix}/{label}/abs_diff_mean"] = abs_sum / count
-        out[f"{prefix}/{label}/num_tokens"] = count
+        tokens = f"{prefix}/{label}/num_tokens"
+        out[f"{prefix}/{label}/kl"] = Metric.mean(neg_delta / count, tokens)
+        out[f"{prefix}/{label}/k3_kl"] = Metric.mean(k3_sum / count, tokens)
+        out[f"{prefix}/{label}/abs_diff_mean"] = Metric.mean(abs_sum / count, tokens)
+        out[tokens] = Metric.count(count)
 
 
 def mismatch_metrics(
@@ -148,7 +174,7 @@ def mismatch_metrics(
     distance_edges: tuple[int, ...] = DEFAULT_DISTANCE_EDGES,
     top_fraction: float = 0.01,
     prefix: str = "mismatch",
-) -> dict[str, float]:
+) -> dict[str, Metric]:
     """Every §2 metric of the spec, plus per-turn, per-distance and concentration metrics.
 
     Args:
@@ -166,8 +192,8 @@ def mismatch_metrics(
         prefix: namespace of every key.
 
     Returns:
-        `{prefix}/name: value`, all finite. Per-turn/per-distance keys exist only for buckets
-        with tokens.
+        `{prefix}/name: value`, all finite, each a `Metric` that declares how it combines
+        across ranks. Per-turn/per-distance keys exist only for buckets with tokens.
     """
     valid = loss_mask > 0
     delta = masked_log_ratio(trainer_logprobs, sampler_logprobs, valid, torch.float64)  # [B, T]
@@ -228,7 +254,7 @@ def mismatch_metrics(
 
     keys = list(out)
     values = torch.stack([out[k].double().reshape(()) for k in keys]).tolist()
-    result = {f"{prefix}/{k}": v for k, v in zip(keys, values, strict=True)}
+    result = {f"{prefix}/{k}": _declared(prefix, k, v) for k, v in zip(keys, values, strict=True)}
 
     columns = torch.stack([-delta[valid], k3[valid], abs_delta[valid]], dim=1)  # [n, 3]
     turn = turn_ids[valid].clamp(0, max_turns)

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from tir_rl.errors import ConfigError
+from tir_rl.metric import ReduceOp
 from tir_rl.mismatch.metrics import LOG_RATIO_BOUND
 
 
@@ -99,6 +100,15 @@ _METRIC_NAMES = (
 )
 
 
+_METRIC_REDUCTIONS: dict[str, ReduceOp | None] = {
+    "loss": None,
+    "num_tokens": ReduceOp.SUM,
+    "ratio_min": ReduceOp.MIN,
+    "ratio_max": ReduceOp.MAX,
+}
+"""The metrics that are not means over tokens."""
+
+
 @dataclass(frozen=True)
 class PolicyLossMetrics:
     """Diagnostics of one loss call, computed without gradients over the local tokens.
@@ -161,6 +171,15 @@ class PolicyLossMetrics:
     def names(self, prefix: str = "loss") -> list[str]:
         """Keys of `to_dict`, in the order of `values`."""
         return [f"{prefix}/{name}" for name in _METRIC_NAMES]
+
+    @staticmethod
+    def reductions() -> list[ReduceOp | None]:
+        """How each value combines over micro-batches and ranks, in the order of `values`.
+
+        A mean over tokens, the extremes, the token count; None for `loss`, which the
+        trainer normalizes and reports itself.
+        """
+        return [_METRIC_REDUCTIONS.get(name, ReduceOp.MEAN) for name in _METRIC_NAMES]
 
     def to_dict(self, prefix: str = "loss") -> dict[str, float]:
         """Flat metrics for the logger, keys `prefix/name` (one host copy)."""

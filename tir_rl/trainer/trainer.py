@@ -49,13 +49,14 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 import torch
 from torch import nn
 
 from tir_rl import distributed as tdist
 from tir_rl.errors import ConfigError, did_you_mean
+from tir_rl.metric import Metric, ReduceOp
 from tir_rl.mismatch import (
     BypassMode,
     CorrectionPlan,
@@ -69,7 +70,7 @@ from tir_rl.models import resolve_model
 from tir_rl.trainer import lora as lora_ops
 from tir_rl.trainer.batch import MicroBatch, Packing, TrainBatch, plan_micro_batches
 from tir_rl.trainer.lora import LoRAConfig
-from tir_rl.trainer.loss import GRPOLoss
+from tir_rl.trainer.loss import GRPOLoss, PolicyLossMetrics
 from tir_rl.trainer.lr_schedule import LRSchedule, check_schedule, lr_factor
 from tir_rl.trainer.optimizer import build_adamw, clip_gradients, seed_everything
 from tir_rl.trainer.reference import ReferencePolicy, load_reference
@@ -94,7 +95,7 @@ class PolicyLoss(Protocol):
         ref_logprobs: torch.Tensor | None = None,
         num_global_tokens: int | None = None,
         num_global_sequences: int | None = None,
-    ) -> tuple[torch.Tensor, Any]:
+    ) -> tuple[torch.Tensor, PolicyLossMetrics]:
         """Return the globally normalized loss of a micro-batch and its metrics."""
         ...
 
@@ -484,7 +485,7 @@ class Trainer:
         metrics = mismatch_metrics(
             logprobs, batch.sampler_logprobs, batch.loss_mask, batch.turn_ids
         )
-        metrics = tdist.all_reduce_metrics({k: float(v) for k, v in metrics.items()})
+        metrics = tdist.all_reduce_metrics(metrics)
         decision = None
         if guard is not None:
             decision = guard.check(self.step, metrics, batch=batch.tensors(), rank=tdist.rank())
@@ -565,11 +566,9 @@ class Trainer:
         loss_metrics = _combine_micro_metrics(update.metric_names, update.metric_rows)
         num_model_tokens = tdist.all_reduce_count(int(batch.loss_mask.sum()))
         grad_norm = float(tdist.grad_norm(self.model.parameters()))
-        metrics = {f"mismatch/{k}" if "/" not in k else k: float(v) for k, v in metrics.items()}
-        metrics.update({_train_key(k): v for k, v in loss_metrics.items()})
+        metrics.update(loss_metrics)
         if self.reference is None:
             metrics.pop("train/ref_kl", None)  # no reference: no KL to it (not a KL of 0)
-        # train/num_tokens (this rank's loss tokens) weights the ranks' loss-metric means.
         metrics = tdist.all_reduce_metrics(metrics)
         metrics.pop("train/num_tokens", None)  # the same count as train/num_loss_tokens
         finite = math.isfinite(total_loss) and math.isfinite(grad_norm)
@@ -773,44 +772,38 @@ def _score_only(head: nn.Module, rows: torch.Tensor, columns: torch.Tensor) -> I
         handle.remove()
 
 
-def _metric_row(metrics: Any) -> tuple[list[str], torch.Tensor]:
-    """A loss's metrics as names and one tensor (`PolicyLossMetrics`: no host copy)."""
-    if hasattr(metrics, "values") and isinstance(metrics.values, torch.Tensor):
-        return metrics.names(), metrics.values
-    flat = dict(metrics)
-    return [str(k) for k in flat], torch.tensor([float(v) for v in flat.values()])
+def _metric_row(metrics: PolicyLossMetrics) -> tuple[list[str], torch.Tensor]:
+    """A loss's metrics as names and one tensor (no host copy)."""
+    return metrics.names(), metrics.values
 
 
-_NOT_AVERAGED = ("loss",)  # the trainer reports it itself, globally
-
-
-def _combine_micro_metrics(names: list[str], rows: list[torch.Tensor]) -> dict[str, float]:
-    """Token-weighted mean over micro-batches (max/min for `*_max`/`*_min` keys).
+def _combine_micro_metrics(names: list[str], rows: list[torch.Tensor]) -> dict[str, Metric]:
+    """The loss metrics of this rank's micro-batches, combined as each declares.
 
     Each row is [loss-token count, *metrics]; micro-batches without tokens are ignored.
-    `num_tokens` is the total count: the weight of this rank's means across ranks.
+    Means are token-weighted; `train/num_tokens`, this rank's total, weighs its means and
+    bounds its extremes across ranks.
     """
     if not rows:
         return {}
     table = torch.stack([row.cpu() for row in rows]).tolist()
     total = sum(row[0] for row in table)
-    out: dict[str, float] = {}
-    for column, key in enumerate(names, start=1):
-        leaf = key.rsplit("/", 1)[-1]
-        if leaf in _NOT_AVERAGED:
-            continue
-        if leaf == "num_tokens":
-            out[key] = total
+    over = "train/num_tokens"
+    out: dict[str, Metric] = {over: Metric.count(total)}
+    reductions = PolicyLossMetrics.reductions()
+    for column, (key, reduce) in enumerate(zip(names, reductions, strict=True), start=1):
+        if reduce is None or reduce is ReduceOp.SUM:  # the loss; the count (above)
             continue
         values = [(row[0], row[column]) for row in table if row[0] > 0]
         if not values:
             continue
-        if "max" in leaf:
-            out[key] = max(v for _, v in values)
-        elif "min" in leaf:
-            out[key] = min(v for _, v in values)
+        name = _train_key(key)
+        if reduce is ReduceOp.MAX:
+            out[name] = Metric.max(max(v for _, v in values), over)
+        elif reduce is ReduceOp.MIN:
+            out[name] = Metric.min(min(v for _, v in values), over)
         else:
-            out[key] = sum(w * v for w, v in values) / max(total, 1e-12)
+            out[name] = Metric.mean(sum(w * v for w, v in values) / max(total, 1e-12), over)
     return out
 
 
