@@ -107,15 +107,24 @@ def static_findings(config: RunConfig, *, tie_word_embeddings: bool | None) -> l
             "logits are the largest single source of mismatch on rare tokens",
             "run the sampler in float32 (engine.dtype=float32) where memory allows",
         ))  # fmt: skip
+    if not engine.clear_kv_on_update:
+        out.append(Finding(
+            "KV across weight updates", Verdict.WARN,
+            "engine.clear_kv_on_update=false: tokens sampled after an update attend to keys "
+            "and values the old weights computed, and cached prefixes outlive the update",
+            "--set engine.clear_kv_on_update=true, or compare mismatch/lag_0 with it on",
+        ))  # fmt: skip
     if engine.enable_prefix_caching:
         out.append(Finding(
             "prefix caching", Verdict.WARN,
-            "on: cached KV blocks can be reused across a weight update or batch shape",
+            "on: a KV block computed in one batch is reused in another of a different shape "
+            "(weight updates do drop the cache: engine.clear_kv_on_update)",
             "--set engine.enable_prefix_caching=false, or check that the parity probe "
-            "passes after every sync (it does reset the cache)",
+            "passes after every sync and compare mismatch/lag_0 with caching off",
         ))  # fmt: skip
     else:
         out.append(Finding("prefix caching", Verdict.PASS, "off"))
+    out.append(_staleness_finding(config))
     if config.correction.is_level == "none" and not config.correction.rejects:
         out.append(Finding(
             "correction", Verdict.WARN,
@@ -125,6 +134,26 @@ def static_findings(config: RunConfig, *, tie_word_embeddings: bool | None) -> l
     else:
         out.append(Finding("correction", Verdict.PASS, _describe_correction(config)))
     return out
+
+
+def _staleness_finding(config: RunConfig) -> Finding:
+    """The asynchronous loop's bound against the correction that will see stale tokens."""
+    k = config.run.max_staleness
+    if k == 0:
+        return Finding("staleness", Verdict.PASS, "synchronous (run.max_staleness=0)")
+    geo = config.correction.geo_mask
+    if geo is not None and geo[1] / max(geo[0], 1e-12) < 1.01:
+        return Finding(
+            "staleness", Verdict.WARN,
+            f"run.max_staleness={k} with geo_mask={geo}: a band for numerical mismatch, which "
+            "the policy's drift over one update leaves, so stale sequences are rejected",
+            "correction_preset=token_tis (docs/async.md), or widen correction.geo_mask",
+        )  # fmt: skip
+    return Finding(
+        "staleness", Verdict.PASS,
+        f"tokens lag the trained weights by at most {k} version(s); late groups: "
+        f"{config.run.late_groups}",
+    )  # fmt: skip
 
 
 def rendering_findings(trajectories: Sequence[Trajectory], chat_format: Any) -> list[Finding]:

@@ -158,3 +158,14 @@ def test_template_check_passes_without_a_template_and_warns_on_a_failing_one():
     assert finding.verdict is Verdict.PASS and "no chat_template" in finding.detail
     broken = template_finding(chat_format(qwen_tokenizer(template="{{ raise_exception('no') }}")))
     assert broken.verdict is Verdict.WARN and "failed on the probe" in broken.detail
+
+
+def test_staleness_is_checked_against_the_correction():
+    lab_async = verdicts(load(RunConfig, "configs/lab_async.yaml"), tied=False)
+    assert lab_async["staleness"] is Verdict.PASS
+    narrow = load(RunConfig, "configs/lab.yaml", ["run.max_staleness=2"])  # geo_rs_token_tis
+    finding = next(f for f in static_findings(narrow, tie_word_embeddings=False)
+                   if f.check == "staleness")  # fmt: skip
+    assert finding.verdict is Verdict.WARN and "token_tis" in finding.fix
+    kept = load(RunConfig, None, ["engine.clear_kv_on_update=false"])
+    assert verdicts(kept)["KV across weight updates"] is Verdict.WARN

@@ -4,10 +4,13 @@ update never cuts a tool call, holds and stops leave nothing running."""
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 import time
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from rollout_fakes import ANSWER, EventLog, FakeEngine, FakeToolEnv, call, max_active
 from transformers import AutoTokenizer
 
@@ -169,3 +172,63 @@ def test_drop_cancels_a_late_group_and_admits_a_new_task(tokenizer):
     finally:
         release.set()
         producer.stop()
+
+
+class DelayedEngine(FakeEngine):
+    """The scripted engine, answering each request after a random delay."""
+
+    def __init__(self, *args, rng, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rng = rng
+
+    async def generate(self, request):
+        await asyncio.sleep(self.rng.expovariate(1 / 0.004))
+        return await super().generate(request)
+
+
+class SlowToolEnv(FakeToolEnv):
+    """A FakeToolEnv whose tool turns take a random, heavy-tailed time."""
+
+    rng: random.Random
+
+    def step(self, action):
+        time.sleep(min(self.rng.lognormvariate(-6.0, 1.2), 0.2))
+        return super().step(action)
+
+
+@settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(k=st.integers(0, 3), seed=st.integers(0, 1000), group_size=st.integers(1, 3))
+def test_threads_keep_the_bound_under_random_engine_and_tool_delays(tokenizer, k, seed,
+                                                                    group_size):  # fmt: skip
+    rng = random.Random(seed)
+    SlowToolEnv.rng = random.Random(seed + 1)
+    engine = DelayedEngine(
+        tokenizer, lambda ep, turn: call("echo", text="hi") if turn == 0 else ANSWER, rng=rng
+    )
+    buffer = GroupBuffer(AdmissionSchedule(groups_per_step=2, max_staleness=k, num_steps=5))
+    rollout = Rollout(engine, tokenizer, Rollout.Config(max_turns=3))
+
+    def specs(index: int):
+        return group_specs(SlowToolEnv, None, group_size=group_size, group_id=index,
+                           options={"task_index": index})  # fmt: skip
+
+    producer = RolloutProducer(rollout, buffer, specs, max_concurrent_episodes=4)
+    producer.start()
+    lags = []
+    try:
+        for step in range(5):  # the trainer: take, "train", update in flight, advance
+            taken = buffer.take(poll_s=0.01)
+            assert taken.step == step and len(taken.groups) == 2
+            for group in taken.groups:
+                for t in group.trajectories:
+                    assert t.status is RolloutStatus.FINISHED
+                    lags += [step - v for v, m in zip(t.policy_versions, t.loss_mask,
+                                                       strict=True) if m]  # fmt: skip
+            time.sleep(rng.uniform(0, 0.02))
+            asyncio.run(engine.update_weights({}, version=step + 1))
+            buffer.advance_clock(step + 1)
+    finally:
+        producer.stop()
+    assert lags and 0 <= min(lags) and max(lags) <= k

@@ -15,7 +15,7 @@ from tir_rl.engine.vllm_local import VLLMLocalEngine
 from tir_rl.errors import EngineError
 from tir_rl.evaluate import resolve_checkpoint
 from tir_rl.models import prepare_tiny_model
-from tir_rl.report.run_log import read_metrics
+from tir_rl.report.run_log import load_trajectories, read_metrics
 from tir_rl.runtime import open_runtime
 from tir_rl.train import latest_checkpoint, run_train
 
@@ -49,7 +49,11 @@ def test_two_steps_train_through_the_server_and_leave_it_the_trained_weights(
     server, probe, tmp_path
 ):
     config = tiny_config(
-        tmp_path / "runs", "run.eval_tasks=1", engine=http_engine(server, tmp_path / "weights")
+        tmp_path / "runs",
+        "run.eval_tasks=1",
+        "run.max_staleness=1",  # asynchronous: updates land between the server's requests
+        "run.save_trajectories=8",
+        engine=http_engine(server, tmp_path / "weights"),
     )
     # e.g. the multiprocessing resource tracker an earlier local engine of this process started
     already = {p.pid for p in engine_processes(owner=owner_id())}
@@ -60,6 +64,14 @@ def test_two_steps_train_through_the_server_and_leave_it_the_trained_weights(
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["train/skipped"] == 0.0 for r in rows)
     assert all(r["sync/parity_max_abs_diff"] < 1e-3 for r in rows)
+    assert all(r["staleness/lag_max"] <= 1 for r in rows)
+    for saved in load_trajectories(summary.run_dir / "trajectories.jsonl"):
+        t = saved.trajectory
+        turns: dict[int, set[int]] = {}
+        for turn, version, mask in zip(t.turn_ids, t.policy_versions, t.loss_mask, strict=True):
+            if mask:
+                turns.setdefault(turn, set()).add(version)
+        assert all(len(v) == 1 for v in turns.values()), "one version per request over HTTP"
     started = [p for p in engine_processes(owner=owner_id()) if p.pid not in already]
     assert started == [], "an HTTP run starts no local engine"
 
