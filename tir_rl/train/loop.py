@@ -148,6 +148,7 @@ def _run_train(config: RunConfig, *, resume: bool) -> TrainSummary:
             f"{run_dir}`, or pick another name with --set run.name=NEW."
         )
     rank0 = tdist.is_rank0()
+    _refuse_seeds_the_engine_cannot_keep(config)  # before any engine starts
     if rank0:
         run_dir.mkdir(parents=True, exist_ok=True)
         dump(config, run_dir / "config.yaml")
@@ -266,8 +267,6 @@ class _TrainLoop:
                 groups_per_step=config.run.tasks_per_step,
             )
             logger.info("resumed from %s (step %d)", ckpt, position.step)
-        if self.rank0:
-            _refuse_seeds_the_engine_cannot_keep(config)
         self.start_step = position.step
         self.num_updates = position.num_updates
         """Optimizer updates applied so far: the policy version of the trainer's weights."""

@@ -15,6 +15,8 @@ def test_noise_injection_is_measured_not_raised_and_stale_steps_skip_the_sync(tm
         "run.steps=3",
         "inject.logit_noise_std=0.3",
         "inject.sync_every=2",
+        # geo_rs's band rejects every token under this noise: then no update, hence no sync
+        "correction_preset=token_tis",
     )
     summary = run_train(config)
     assert summary.steps_done == 3
@@ -50,14 +52,3 @@ def test_clean_sampler_eval_runs_the_trainer_weights_then_gives_the_sampler_back
     trained = [r for r in rows if "mismatch/k3_kl" in r]
     assert [r["step"] for r in trained] == [1, 2]
     assert all(r["mismatch/k3_kl"] > 1e-5 for r in trained)
-
-
-def test_clean_sampler_eval_without_injection_reuses_the_run_s_evaluation(tmp_path):
-    config = tiny_config(tmp_path, "run.steps=1", "run.eval_clean_sampler=true")
-    summary = run_train(config)
-    rows = read_metrics(summary.run_dir / "metrics.jsonl")
-    own = {r["step"]: r["eval/pass_at_1"] for r in rows if "eval/pass_at_1" in r}
-    clean = {r["step"]: r["eval_clean/pass_at_1"] for r in rows if "eval_clean/pass_at_1" in r}
-    assert clean == own and sorted(own) == [0, 1]
-    report = (summary.run_dir / "eval_step_0.json").read_text()
-    assert (summary.run_dir / "eval_clean_step_0.json").read_text() == report

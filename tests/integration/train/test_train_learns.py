@@ -2,10 +2,11 @@
 
 The lab model knows the procedure; its logits are scaled down so that sampled episodes fail.
 Training the logit scale with the right advantage sign must raise held-out pass@1 far beyond
-its bootstrap interval (measured: 0.234 [0.141, 0.328] -> 0.891 [0.812, 0.969], 140-150 s).
-With trainer.lr=0 it fails (0.172 [0.094, 0.266] -> 0.281). An earlier, smaller version (4
-steps of 4 tasks, 48 held-out tasks) failed once in CI by chance: 0.333 [0.208, 0.479] ->
-0.583 [0.438, 0.729], after a first step whose groups were almost all degenerate.
+its bootstrap interval. The test trains asynchronously (k = 2): the same loop as k = 0, which
+`test_train_async.py` shows samples the same tokens and makes the same update as the
+synchronous loop composed by hand, so one learning test covers both (the synchronous
+version measured 0.234 [0.141, 0.328] -> 0.891 [0.812, 0.969]; with trainer.lr=0 it failed,
+0.172 [0.094, 0.266] -> 0.281, as the asynchronous one does: +0.109 [-0.016, +0.234]).
 
 The LoRA test trains PiSSA adapters on the head instead of the logit scale, on larger batches
 (docs/lora.md): on 6 tasks x 4 samples per step it learned in most runs but not all (one CI run
@@ -55,14 +56,6 @@ def train_lab_model(tmp_path: Path, *overrides: str) -> tuple[TrainSummary, list
     summary = run_train(config)
     rows = read_metrics(summary.run_dir)
     return summary, [r["rollout/reward_mean"] for r in rows if "rollout/reward_mean" in r]
-
-
-def test_grpo_raises_held_out_pass_at_1_of_the_lab_model(tmp_path):
-    summary, rewards = train_lab_model(tmp_path)
-    before, after = summary.accuracy_before, summary.accuracy_after
-    assert before is not None and after is not None
-    assert after.value - before.value >= 0.25, (str(before), str(after), rewards)
-    assert after.low > before.high, (str(before), str(after), rewards)
 
 
 ASYNCHRONOUS = ("run.max_staleness=2", "correction_preset=token_tis")

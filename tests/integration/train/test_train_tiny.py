@@ -69,7 +69,8 @@ def tiny_config(out_dir, *extra, env_id=FAKE_ENV_ID, engine=LOCAL_ENGINE):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
-    summary = run_train(tiny_config(out))
+    # Without an injection the run's sampler is the clean one: its evaluations count twice.
+    summary = run_train(tiny_config(out, "run.eval_clean_sampler=true"))
     return summary
 
 
@@ -97,6 +98,15 @@ def test_training_writes_readable_run_outputs(trained):
     assert saved and all(s.trainer_logprobs is not None for s in saved)
     assert (run_dir / "plots" / "reward.png").is_file()
     assert json.loads((run_dir / "eval_step_2.json").read_text())["num_tasks"] == 2
+
+
+def test_clean_sampler_eval_without_injection_reuses_the_run_s_evaluation(trained):
+    rows = read_metrics(trained.run_dir / "metrics.jsonl")
+    own = {r["step"]: r["eval/pass_at_1"] for r in rows if "eval/pass_at_1" in r}
+    clean = {r["step"]: r["eval_clean/pass_at_1"] for r in rows if "eval_clean/pass_at_1" in r}
+    assert clean == own and sorted(own) == [0, 2]
+    report = (trained.run_dir / "eval_step_0.json").read_text()
+    assert (trained.run_dir / "eval_clean_step_0.json").read_text() == report
 
 
 def test_checkpoint_is_a_transformers_model_with_the_trained_weights(trained):
@@ -153,20 +163,9 @@ def test_eval_and_doctor_on_the_trained_checkpoint(trained, tmp_path):
         assert findings[check].verdict is Verdict.PASS, findings[check].detail
 
 
-def test_steps_without_learning_signal_make_no_update_but_log_mismatch(tmp_path):
-    # A random tiny model never answers MultiHop: every group has reward 0 (degenerate).
-    config = tiny_config(tmp_path, "run.steps=1", "run.eval_tasks=1", env_id="tir_rl/MultiHop-v0")
-    summary = run_train(config)
-    rows = [r for r in read_metrics(summary.run_dir / "metrics.jsonl") if "train/skipped" in r]
-    assert len(rows) == 1
-    assert rows[0]["train/skipped"] == 1.0
-    assert rows[0]["train/degenerate_groups"] == 2.0
-    assert "mismatch/k3_kl" in rows[0]
-    assert "sync/parity_max_abs_diff" not in rows[0]  # no update, so no weight sync
-
-
-def test_the_guard_watches_steps_without_learning_signal_and_can_stop_the_run(tmp_path):
-    # Every group is degenerate (as above), so no update ever runs; k3 ≥ 0 > −1 alerts.
+def test_steps_without_learning_signal_make_no_update_and_the_guard_watches_them(tmp_path):
+    # A random tiny model never answers MultiHop: every group has reward 0 (degenerate), so
+    # no update ever runs; the mismatch is still measured, and k3 ≥ 0 > −1 alerts the guard.
     config = tiny_config(
         tmp_path, "run.steps=3", "run.eval_tasks=1", "guard.action=stop",
         'guard.absolute={"mismatch/k3_kl": -1.0}', env_id="tir_rl/MultiHop-v0",
@@ -175,6 +174,9 @@ def test_the_guard_watches_steps_without_learning_signal_and_can_stop_the_run(tm
     assert summary.stopped_by_guard and summary.steps_done == 1
     rows = [r for r in read_metrics(summary.run_dir / "metrics.jsonl") if "train/skipped" in r]
     assert len(rows) == 1 and rows[0]["train/skipped"] == 1.0
+    assert rows[0]["train/degenerate_groups"] == 2.0
+    assert "mismatch/k3_kl" in rows[0]
+    assert "sync/parity_max_abs_diff" not in rows[0]  # no update, so no weight sync
     assert rows[0]["guard/alerts"] == 1.0
     assert (summary.run_dir / "alerts" / "step_000000" / "alert.json").is_file()
 
