@@ -163,3 +163,35 @@ def test_invented_names_are_new_per_task_solvable_and_deterministic():
     again = MultiHopEnv(horizon=4, split="test", invented_names=True)
     assert again.reset(seed=2)[0] == env.reset(seed=2)[0]
     env.close()
+
+
+def test_simulated_tool_latency_is_lognormal_with_the_given_median_and_tail(monkeypatch):
+    import statistics
+
+    from tir_rl.envs import base
+
+    delays: list[float] = []
+    monkeypatch.setattr(base.time, "sleep", delays.append)
+    env = MultiHopEnv(horizon=2, tool_latency_median_s=0.3, tool_latency_p99_s=5.0)
+    messages, _ = env.reset(seed=0)
+    call = Message.assistant("", [ToolCall("search", {"query": "x"})])
+    for _ in range(4000):
+        env._simulate_latency()
+    env.step(call)  # a turn with tool calls waits once
+    assert len(delays) == 4001
+    delays.sort()
+    assert statistics.median(delays) == pytest.approx(0.3, rel=0.1)
+    assert delays[int(0.99 * len(delays))] == pytest.approx(5.0, rel=0.3)
+
+
+def test_no_latency_by_default_and_a_tail_below_the_median_is_refused(monkeypatch):
+    from tir_rl.envs import base
+
+    delays: list[float] = []
+    monkeypatch.setattr(base.time, "sleep", delays.append)
+    env = MultiHopEnv(horizon=2)
+    env.reset(seed=0)
+    env.step(Message.assistant("", [ToolCall("search", {"query": "x"})]))
+    assert delays == []
+    with pytest.raises(ConfigError, match="99th percentile"):
+        MultiHopEnv(tool_latency_median_s=1.0, tool_latency_p99_s=0.5)
