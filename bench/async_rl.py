@@ -191,6 +191,12 @@ def _pooled_change(records: list[dict], base: dict[int, dict], at: str) -> str:
     return f"{change.value:+.3f} [{change.low:+.3f}, {change.high:+.3f}]"
 
 
+def _shares(lags: Counter, num: int) -> str:
+    parts = [lags.get(lag, 0) / num for lag in (0, 1, 2)]
+    parts.append(sum(n for lag, n in lags.items() if lag >= 3) / num)
+    return " / ".join(f"{p:.2f}" for p in parts)
+
+
 def report(setting: str) -> str:
     from tir_rl.report.eval_stats import bootstrap_paired_change
 
@@ -207,8 +213,10 @@ def report(setting: str) -> str:
         "for as long (evaluations excluded)",
         "",
         "| k | steps in the budget | trained tokens/s | ratio to k=0 | engine busy | trainer busy "
-        "| lag: mean, max | held-out Δ vs k=0, same groups | held-out Δ vs k=0, same time |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| lag: mean, max | lag 0 / 1 / 2 / 3+ (share of trained tokens) "
+        "| held-out Δ vs k=0, same groups (their sampled tokens / k=0's) "
+        "| held-out Δ vs k=0, same time |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for k in sorted(by_k):
         runs = by_k[k]
@@ -224,14 +232,19 @@ def report(setting: str) -> str:
             lags.update({int(lag): n for lag, n in r["lag_histogram"].items()})
         num = sum(lags.values()) or 1
         mean_lag = sum(lag * n for lag, n in lags.items()) / num
-        same_groups = "(reference)" if k == 0 else _pooled_change(runs, base, "tokens")
+        same_groups = "(reference)"
+        if k:
+            steps = {r["seed"]: base[r["seed"]]["steps_done"] for r in runs if r["seed"] in base}
+            tokens = sum(_totals(r, steps[r["seed"]])["sampled_tokens"] for r in runs)
+            tokens_0 = sum(_totals(base[seed])["sampled_tokens"] for seed in steps)
+            same_groups = f"{_pooled_change(runs, base, 'tokens')} ({tokens / tokens_0:.2f})"
         same_time = "(reference)" if k == 0 else _pooled_change(runs, base, "time")
         lines.append(
             f"| {k} | {', '.join(str(r['steps_done']) for r in runs)} | {rate:.0f} "
             f"| {min(ratios):.2f}-{max(ratios):.2f} (mean {sum(ratios) / len(ratios):.2f}) "
             f"| {sum(t['engine_busy'] for t in totals) / len(totals):.2f} "
             f"| {sum(t['trainer_busy'] for t in totals) / len(totals):.2f} "
-            f"| {mean_lag:.2f}, {max(lags)} | {same_groups} | {same_time} |"
+            f"| {mean_lag:.2f}, {max(lags)} | {_shares(lags, num)} | {same_groups} | {same_time} |"
         )
     learned = []
     for seed, r in sorted(base.items()):

@@ -52,6 +52,7 @@ def test_two_steps_train_through_the_server_and_leave_it_the_trained_weights(
         tmp_path / "runs",
         "run.eval_tasks=1",
         "run.max_staleness=1",  # asynchronous: updates land between the server's requests
+        "correction_preset=token_tis",  # geo_rs_token_tis would reject the stale sequences
         "run.save_trajectories=8",
         engine=http_engine(server, tmp_path / "weights"),
     )
