@@ -250,3 +250,8 @@ def test_buffer_take_raises_what_the_producer_closed_it_with():
     with pytest.raises(RuntimeError, match="producer bug"):
         buffer.take(poll_s=0.01)
     assert buffer.admit() is None
+
+
+def test_a_finished_run_resumed_admits_nothing():
+    s = schedule(k=2, steps=3, first_step=3, next_index=6)
+    assert s.admit() is None and s.pending_indices() == []

@@ -90,21 +90,15 @@ class Rank0Driver:
         self.train_env = env_factory(config.env, config.env.train_split)
         self.eval_env = env_factory(config.env, config.env.eval_split)
         cfg = config.run
-        if position.step < cfg.steps:
-            schedule = AdmissionSchedule(
-                groups_per_step=cfg.tasks_per_step,
-                max_staleness=cfg.max_staleness,
-                num_steps=cfg.steps,
-                late_groups=cfg.late_groups,
-                first_step=position.step,
-                next_index=position.next_group,
-                replay=position.pending_groups,
-            )
-        else:  # a finished run resumed: nothing left to play
-            schedule = AdmissionSchedule(
-                groups_per_step=cfg.tasks_per_step, max_staleness=0, num_steps=position.step + 1,
-                first_step=position.step, next_index=position.next_group,
-            )  # fmt: skip
+        schedule = AdmissionSchedule(  # a finished run resumed admits nothing: no step is left
+            groups_per_step=cfg.tasks_per_step,
+            max_staleness=cfg.max_staleness,
+            num_steps=cfg.steps,
+            late_groups=cfg.late_groups,
+            first_step=position.step,
+            next_index=position.next_group,
+            replay=position.pending_groups,
+        )
         self.buffer = GroupBuffer(schedule)
         self.producer = RolloutProducer(
             runtime.rollout,
