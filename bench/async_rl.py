@@ -166,7 +166,8 @@ def _totals(record: dict, upto_step: int | None = None) -> dict:
     wall = sum(s["perf/step_s"] for s in steps)
     return {
         "wall": wall,
-        "trained_tokens_per_s": sum(s["train/num_loss_tokens"] or 0 for s in steps) / wall,
+        "consumed_tokens_per_s": sum(s["rollout/model_tokens"] for s in steps) / wall,
+        "loss_tokens_per_s": sum(s["train/num_loss_tokens"] or 0 for s in steps) / wall,
         "engine_busy": sum(s["perf/engine_busy_fraction"] * s["perf/step_s"] for s in steps) / wall,
         "trainer_busy": sum(s["perf/trainer_busy_fraction"] * s["perf/step_s"] for s in steps)
         / wall,
@@ -212,18 +213,20 @@ def report(setting: str) -> str:
         f"### {setting}: seeds {sorted(base)}; k = 0 trains {base_steps} steps, k > 0 trains "
         "for as long (evaluations excluded)",
         "",
-        "| k | steps in the budget | trained tokens/s | ratio to k=0 | engine busy | trainer busy "
+        "| k | steps in the budget | consumed tokens/s | ratio to k=0 | loss tokens/s "
+        "| engine busy | trainer busy "
         "| lag: mean, max | lag 0 / 1 / 2 / 3+ (share of trained tokens) "
         "| held-out Δ vs k=0, same groups (their sampled tokens / k=0's) "
         "| held-out Δ vs k=0, same time |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for k in sorted(by_k):
         runs = by_k[k]
         totals = [_totals(r) for r in runs]
-        rate = sum(t["trained_tokens_per_s"] for t in totals) / len(totals)
+        rate = sum(t["consumed_tokens_per_s"] for t in totals) / len(totals)
+        loss_rate = sum(t["loss_tokens_per_s"] for t in totals) / len(totals)
         ratios = [
-            t["trained_tokens_per_s"] / _totals(base[r["seed"]])["trained_tokens_per_s"]
+            t["consumed_tokens_per_s"] / _totals(base[r["seed"]])["consumed_tokens_per_s"]
             for t, r in zip(totals, runs, strict=True)
             if r["seed"] in base
         ]
@@ -242,6 +245,7 @@ def report(setting: str) -> str:
         lines.append(
             f"| {k} | {', '.join(str(r['steps_done']) for r in runs)} | {rate:.0f} "
             f"| {min(ratios):.2f}-{max(ratios):.2f} (mean {sum(ratios) / len(ratios):.2f}) "
+            f"| {loss_rate:.0f} "
             f"| {sum(t['engine_busy'] for t in totals) / len(totals):.2f} "
             f"| {sum(t['trainer_busy'] for t in totals) / len(totals):.2f} "
             f"| {mean_lag:.2f}, {max(lags)} | {_shares(lags, num)} | {same_groups} | {same_time} |"
@@ -251,7 +255,13 @@ def report(setting: str) -> str:
         first, last = min(map(int, r["evals"])), max(map(int, r["evals"]))
         change = bootstrap_paired_change(r["evals"][str(first)], r["evals"][str(last)])
         learned.append(f"seed {seed} {change.value:+.3f} [{change.low:+.3f}, {change.high:+.3f}]")
-    lines += ["", "k = 0's own held-out change (after − before, paired): " + "; ".join(learned)]
+    lines += [
+        "",
+        "Consumed tokens: the sampled tokens of the groups the steps took (the pipeline's "
+        "throughput); loss tokens: those of the groups with a learning signal (degenerate "
+        "groups leave the update, and more of them do as a run learns).",
+        "k = 0's own held-out change (after − before, paired): " + "; ".join(learned),
+    ]
     return "\n".join(lines)
 
 
