@@ -23,6 +23,7 @@ the table is regenerated from the records alone:
     python bench/async_rl.py --setting lab --seeds 0 1 2           # runs, then the table
     python bench/async_rl.py --setting latency --seeds 0 1 2
     python bench/async_rl.py --report                              # the tables, records only
+    python bench/async_rl.py --config lab_async --seeds 0 1 2      # configs/lab_async.yaml
 """
 
 from __future__ import annotations
@@ -136,6 +137,45 @@ def _episode_times(into: list[float]) -> Iterator[None]:
         rank0.Rank0Driver.take_step = take_step
 
 
+def run_config_as_is(name: str, seed: int) -> dict:
+    """`configs/<name>.yaml` unchanged but for the seed: its held-out change, paired."""
+    from tir_rl.config import load
+    from tir_rl.run_config import RunConfig
+    from tir_rl.train import run_train
+
+    out = Path(tempfile.mkdtemp(prefix="tir-rl-async-bench-"))
+    overrides = [f"run.out_dir={out}", f"run.seed={seed}", f"trainer.seed={seed}",
+                 f"engine.seed={seed}", "run.plot_every=0", "run.loggers=[jsonl]"]  # fmt: skip
+    try:
+        summary = run_train(load(RunConfig, ROOT / "configs" / f"{name}.yaml", overrides))
+        evals = {
+            p.stem.rsplit("_", 1)[1]: json.loads(p.read_text())["task_pass_at_1"]
+            for p in summary.run_dir.glob("eval_step_*.json")
+        }
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    return {"config": name, "seed": seed, "overrides": overrides,
+            "steps_done": summary.steps_done, "train_time_s": summary.train_time_s,
+            "evals": evals}  # fmt: skip
+
+
+def config_report(name: str) -> str:
+    from tir_rl.report.eval_stats import bootstrap_paired_change
+
+    lines = [f"### configs/{name}.yaml as it is: held-out pass@1, after − before, paired", ""]
+    for path in sorted((RESULTS / name).glob("seed*.json")):
+        r = json.loads(path.read_text())
+        first, last = min(r["evals"], key=int), max(r["evals"], key=int)
+        before, after = r["evals"][first], r["evals"][last]
+        change = bootstrap_paired_change(before, after)
+        lines.append(
+            f"- seed {r['seed']}: {sum(before) / len(before):.3f} -> {sum(after) / len(after):.3f}"
+            f", change {change.value:+.3f} [{change.low:+.3f}, {change.high:+.3f}] "
+            f"({r['steps_done']} steps, {r['train_time_s']:.0f} s of training)"
+        )
+    return "\n".join(lines) if len(lines) > 2 else f"no records for configs/{name}.yaml"
+
+
 def record_path(setting: str, k: int, seed: int) -> Path:
     return RESULTS / setting / f"k{k}_seed{seed}.json"
 
@@ -179,17 +219,21 @@ def _pooled_change(records: list[dict], base: dict[int, dict], at: str) -> str:
     """After − k=0's after, paired by (seed, task), pooled over seeds."""
     from tir_rl.report.eval_stats import bootstrap_paired_change
 
-    before, after = [], []
+    before, after, seeds = [], [], 0
     for record in records:
         reference = base[record["seed"]]
         ref_scores = reference["evals"][str(max(map(int, reference["evals"])))]
         step = str(reference["steps_done"]) if at == "tokens" else str(record["steps_done"])
         if step not in record["evals"]:
-            return "n/a"
+            continue  # the time budget ran out before k = 0's last step
         before += ref_scores
         after += record["evals"][step]
+        seeds += 1
+    if not seeds:
+        return "n/a"
     change = bootstrap_paired_change(before, after)
-    return f"{change.value:+.3f} [{change.low:+.3f}, {change.high:+.3f}]"
+    missing = f", {seeds} of {len(records)} seeds" if seeds < len(records) else ""
+    return f"{change.value:+.3f} [{change.low:+.3f}, {change.high:+.3f}]{missing}"
 
 
 def _shares(lags: Counter, num: int) -> str:
@@ -273,11 +317,23 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--again", action="store_true", help="rerun runs that have a record")
     parser.add_argument("--report", action="store_true", help="only print the tables")
+    parser.add_argument(
+        "--config", help="instead: run configs/<CONFIG>.yaml as it is, once per seed"
+    )
     args = parser.parse_args()
+    if args.config:
+        for seed in args.seeds:
+            path = RESULTS / args.config / f"seed{seed}.json"
+            if not path.exists() or args.again:
+                save(run_config_as_is(args.config, seed), path)
+        print(config_report(args.config))
+        return
     if not args.report:
         measure(args)
     for setting in SETTINGS if args.report else [args.setting]:
         print(report(setting) + "\n")
+    if args.report:
+        print(config_report("lab_async"))
 
 
 if __name__ == "__main__":
