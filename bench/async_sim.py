@@ -15,10 +15,14 @@ in: episodes lognormal with median 2 s and p99 20 s (heavy-tailed, like real too
 updates lognormal with median 5 s (sigma 0.2), syncs 0.5 s flat, 8 tasks x 8 samples per step.
 
 Scenarios (projections from the durations given, not measurements):
-  cpu     1 inference engine, train_speedup 1: the durations as they are.
-  gpu8x8  "8 inference GPUs beside 8 trainer GPUs": 8 engines, each playing episodes as
-          measured, the update 8x faster, the sync as measured. Same tasks per step
-          (`--tasks-per-step` scales the batch).
+  cpu     1 inference engine, the trainer as measured, the batch as measured. It assumes the
+          engine and the trainer do not slow each other down: true of separate devices, not
+          of the 2-core CPU machine, where they share the cores.
+  gpu8x8  "8 inference GPUs beside 8 trainer GPUs": 8 engines, each playing as many
+          episodes at once as the measured one did, so a step has 8x the groups; the update
+          of 8x the batch on 8x the devices takes the measured time (linear scaling); the
+          sync as measured. `--tasks-per-step` sets another batch (the update time scales
+          with it).
 
 Assumptions:
   - An episode's duration is drawn from the episode distribution and does not depend on the
@@ -57,8 +61,8 @@ from tir_rl.rollout.buffer import AdmissionSchedule, GroupTicket, LateGroups
 TOKENS_PER_EPISODE = 8
 Z99 = 2.3263478740408408
 """The standard normal's 99th percentile (a lognormal's p99 is median * exp(Z99 * sigma))."""
-SCENARIOS = {"cpu": (1, 1.0), "gpu8x8": (8, 8.0)}
-"""Scenario -> (inference engines, train_speedup)."""
+SCENARIOS = {"cpu": (1, 1), "gpu8x8": (8, 8)}
+"""Scenario -> (inference engines, trainer devices); the batch grows with the engines."""
 
 
 @dataclass(frozen=True)
@@ -281,13 +285,15 @@ def main() -> None:
     args = parser.parse_args()
 
     work = load_record(args.record) if args.record else synthetic_workload()
-    if args.tasks_per_step:
-        work = replace(work, tasks_per_step=args.tasks_per_step)
-    num_inference, train_speedup = SCENARIOS[args.scenario]
+    num_inference, train_devices = SCENARIOS[args.scenario]
+    measured_load = work.tasks_per_step * work.group_size  # episodes at once, as measured
+    tasks_per_step = args.tasks_per_step or work.tasks_per_step * num_inference
+    batch_scale = tasks_per_step / work.tasks_per_step
+    work = replace(work, tasks_per_step=tasks_per_step)
     setup = Setup(
         num_inference=num_inference,
-        concurrency=args.concurrency or work.tasks_per_step * work.group_size,
-        train_speedup=train_speedup,
+        concurrency=args.concurrency or measured_load,
+        train_speedup=train_devices / batch_scale,  # the update grows with the batch
         num_steps=args.steps,
     )
     ks = [int(k) for k in args.ks.split(",")]
