@@ -18,7 +18,9 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
 ]
 
-UID = 1000
+UID = 1987
+"""A uid no other test runs as: RLIMIT_NPROC counts a uid's processes machine-wide, so
+sandboxes started by a test on the other pytest-xdist worker (as uid 1000) would eat the limit."""
 PIDS_LIMIT = 1  # RLIMIT_NPROC = 8 processes of UID
 
 
