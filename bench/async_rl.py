@@ -32,6 +32,7 @@ import argparse
 import contextlib
 import json
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -258,11 +259,11 @@ def report(setting: str) -> str:
         "for as long (evaluations excluded)",
         "",
         "| k | steps in the budget | consumed tokens/s | ratio to k=0 | loss tokens/s "
-        "| engine busy | trainer busy "
+        "| engine busy | trainer busy | update s: median (min-max) "
         "| lag: mean, max | lag 0 / 1 / 2 / 3+ (share of trained tokens) "
         "| held-out Δ vs k=0, same groups (their sampled tokens / k=0's) "
         "| held-out Δ vs k=0, same time |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for k in sorted(by_k):
         runs = by_k[k]
@@ -286,12 +287,14 @@ def report(setting: str) -> str:
             tokens_0 = sum(_totals(base[seed])["sampled_tokens"] for seed in steps)
             same_groups = f"{_pooled_change(runs, base, 'tokens')} ({tokens / tokens_0:.2f})"
         same_time = "(reference)" if k == 0 else _pooled_change(runs, base, "time")
+        update_s = sorted(s for r in runs for s in r["train_s"])
         lines.append(
             f"| {k} | {', '.join(str(r['steps_done']) for r in runs)} | {rate:.0f} "
             f"| {min(ratios):.2f}-{max(ratios):.2f} (mean {sum(ratios) / len(ratios):.2f}) "
             f"| {loss_rate:.0f} "
             f"| {sum(t['engine_busy'] for t in totals) / len(totals):.2f} "
             f"| {sum(t['trainer_busy'] for t in totals) / len(totals):.2f} "
+            f"| {statistics.median(update_s):.1f} ({update_s[0]:.1f}-{update_s[-1]:.1f}) "
             f"| {mean_lag:.2f}, {max(lags)} | {_shares(lags, num)} | {same_groups} | {same_time} |"
         )
     learned = []
@@ -303,7 +306,8 @@ def report(setting: str) -> str:
         "",
         "Consumed tokens: the sampled tokens of the groups the steps took (the pipeline's "
         "throughput); loss tokens: those of the groups with a learning signal (degenerate "
-        "groups leave the update, and more of them do as a run learns).",
+        "groups leave the update, and more of them do as a run learns). Update s: the "
+        "trainer's time per step (`perf/train_s`), over every step of every seed.",
         "k = 0's own held-out change (after − before, paired): " + "; ".join(learned),
     ]
     return "\n".join(lines)
