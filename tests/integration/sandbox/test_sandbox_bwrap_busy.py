@@ -45,18 +45,40 @@ def _backend(busy_retry_s: float) -> BwrapBackend:
 
 
 def test_a_start_refused_while_the_uid_is_busy_succeeds_once_it_is_not(sandbox_image):
-    others = _processes_of_uid(10, seconds=1.5)
+    backend = _backend(busy_retry_s=60.0)
+    refused = threading.Event()
+    start_once = backend._start_worker_once
+
+    def watched_start():
+        try:
+            return start_once()
+        except Exception:
+            refused.set()
+            raise
+
+    backend._start_worker_once = watched_start
+    others = _processes_of_uid(10, seconds=600)
+    started: list = []
+    starter = threading.Thread(target=lambda: started.append(backend.start_worker()))
     try:
-        worker = _backend(busy_retry_s=20.0).start_worker()
+        starter.start()
+        assert refused.wait(timeout=30), "the start was not refused while the uid was busy"
+        assert not started
+        for p in others:  # the uid is free once they are reaped
+            p.kill()
+            p.wait()
+        starter.join(timeout=60)
+        assert started, "the start did not succeed once the uid was free"
+        worker = started[0]
         try:
             assert worker.request({"op": "ping"}, timeout_s=30.0)["pong"]
         finally:
             worker.kill()
-        assert all(p.poll() is not None for p in others), "started before the uid was free"
     finally:
         for p in others:
             p.kill()
             p.wait()
+        starter.join(timeout=60)
 
 
 def test_a_uid_that_stays_busy_gets_an_error_that_names_the_limit(sandbox_image):
