@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -458,11 +459,39 @@ class Rank0InterruptGate:
         """A rank-0-only section: a pending or new Ctrl-C raises KeyboardInterrupt here."""
         if self.pending:
             raise KeyboardInterrupt
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, raise_keyboard_interrupt)
         try:
             yield
         finally:
             signal.signal(signal.SIGINT, self._defer)
+
+
+def raise_keyboard_interrupt(signum: int, frame: Any) -> NoReturn:
+    """Ctrl-C raises KeyboardInterrupt where the main thread is, as Python's default does.
+
+    Installed instead of `signal.default_int_handler` because `asyncio.run` treats that one
+    specially: while it runs, Ctrl-C only cancels its main task, and a coroutine that absorbs
+    the cancellation (library code that cleans up and returns) makes the Ctrl-C vanish: a
+    run interrupted during a weight update then trained on to its last step.
+    """
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def sigint_raises() -> Iterator[None]:
+    """One-process runs: Ctrl-C raises KeyboardInterrupt, even inside `asyncio.run`.
+
+    Leaves a handler the caller installed (anything but Python's default) as it is.
+    """
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    if not in_main_thread or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, raise_keyboard_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager
@@ -476,12 +505,12 @@ def sigint_ignored() -> Iterator[None]:
 
 
 def interrupt_handling() -> contextlib.AbstractContextManager[Rank0InterruptGate | None]:
-    """How a run handles Ctrl-C: as usual alone; deferred on rank 0, ignored on the others.
+    """How a run handles Ctrl-C: raised at once alone; deferred on rank 0, ignored on the others.
 
     Yields rank 0's gate (for `rank0_share`), or None.
     """
     if world_size() == 1:
-        return contextlib.nullcontext()
+        return sigint_raises()
     if not is_rank0():
         return sigint_ignored()
     return Rank0InterruptGate().installed()
