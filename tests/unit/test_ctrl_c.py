@@ -12,6 +12,16 @@ import pytest
 from tir_rl import distributed as tdist
 
 
+@pytest.fixture(autouse=True)
+def python_s_default_handler():
+    """As in a run started from a shell (pytest-xdist workers ignore SIGINT)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 async def absorbs_its_cancellation() -> str:
     """Like library code that cleans up on cancellation and returns."""
     os.kill(os.getpid(), signal.SIGINT)
