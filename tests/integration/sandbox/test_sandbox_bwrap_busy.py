@@ -21,7 +21,8 @@ pytestmark = [
 UID = 1987
 """A uid no other test runs as: RLIMIT_NPROC counts a uid's processes machine-wide, so
 sandboxes started by a test on the other pytest-xdist worker (as uid 1000) would eat the limit."""
-PIDS_LIMIT = 1  # RLIMIT_NPROC = 8 processes of UID
+PIDS_LIMIT = 2  # RLIMIT_NPROC = 16 processes of UID: room for the REPL once the uid is free
+BUSY = 20  # processes that keep UID at its limit
 
 
 def _processes_of_uid(count: int, seconds: float) -> list[subprocess.Popen]:
@@ -57,7 +58,7 @@ def test_a_start_refused_while_the_uid_is_busy_succeeds_once_it_is_not(sandbox_i
             raise
 
     backend._start_worker_once = watched_start
-    others = _processes_of_uid(10, seconds=600)
+    others = _processes_of_uid(BUSY, seconds=600)
     started: list = []
     starter = threading.Thread(target=lambda: started.append(backend.start_worker()))
     try:
@@ -82,7 +83,7 @@ def test_a_start_refused_while_the_uid_is_busy_succeeds_once_it_is_not(sandbox_i
 
 
 def test_a_uid_that_stays_busy_gets_an_error_that_names_the_limit(sandbox_image):
-    others = _processes_of_uid(10, seconds=60)
+    others = _processes_of_uid(BUSY, seconds=60)
     try:
         with pytest.raises(SandboxError, match=f"RLIMIT_NPROC .*uid {UID}"):
             _backend(busy_retry_s=1.0).start_worker()
