@@ -81,10 +81,7 @@ def run_one(setting: str, k: int, seed: int, *, steps: int, budget_s: float | No
             summary = run_train(config)
         rows = read_metrics(summary.run_dir / "metrics.jsonl")
         saved = load_trajectories(summary.run_dir / "trajectories.jsonl")
-        evals = {
-            int(p.stem.rsplit("_", 1)[1]): json.loads(p.read_text())["task_pass_at_1"]
-            for p in summary.run_dir.glob("eval_step_*.json")
-        }
+        evals = _held_out_scores(summary.run_dir)
     finally:
         shutil.rmtree(out, ignore_errors=True)
     train_rows = [r for r in rows if "perf/step_s" in r]
@@ -138,6 +135,14 @@ def _episode_times(into: list[float]) -> Iterator[None]:
         rank0.Rank0Driver.take_step = take_step
 
 
+def _held_out_scores(run_dir: Path) -> dict[int, list[float]]:
+    """Every evaluation's per-task pass@1, by step (`eval_step_<step>.json`)."""
+    return {
+        int(p.stem.rsplit("_", 1)[1]): json.loads(p.read_text())["task_pass_at_1"]
+        for p in run_dir.glob("eval_step_*.json")
+    }
+
+
 def run_config_as_is(name: str, seed: int) -> dict:
     """`configs/<name>.yaml` unchanged but for the seed: its held-out change, paired."""
     from tir_rl.config import load
@@ -149,10 +154,7 @@ def run_config_as_is(name: str, seed: int) -> dict:
                  f"engine.seed={seed}", "run.plot_every=0", "run.loggers=[jsonl]"]  # fmt: skip
     try:
         summary = run_train(load(RunConfig, ROOT / "configs" / f"{name}.yaml", overrides))
-        evals = {
-            p.stem.rsplit("_", 1)[1]: json.loads(p.read_text())["task_pass_at_1"]
-            for p in summary.run_dir.glob("eval_step_*.json")
-        }
+        evals = _held_out_scores(summary.run_dir)
     finally:
         shutil.rmtree(out, ignore_errors=True)
     return {"config": name, "seed": seed, "overrides": overrides,
