@@ -471,8 +471,8 @@ def raise_keyboard_interrupt(signum: int, frame: Any) -> NoReturn:
 
     Installed instead of `signal.default_int_handler` because `asyncio.run` treats that one
     specially: while it runs, Ctrl-C only cancels its main task, and a coroutine that absorbs
-    the cancellation (library code that cleans up and returns) makes the Ctrl-C vanish: a
-    run interrupted during a weight update then trained on to its last step.
+    the cancellation (library code that cleans up and returns) makes the Ctrl-C vanish
+    (`tests/unit/test_ctrl_c.py`).
     """
     raise KeyboardInterrupt
 
