@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from tir_rl.errors import SandboxError
-from tir_rl.sandbox.bwrap import BwrapBackend
+from tir_rl.sandbox.bwrap import BwrapBackend, _KernelBusy
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="starts processes as the sandbox uid"),
@@ -53,33 +53,36 @@ def test_a_start_refused_while_the_uid_is_busy_succeeds_once_it_is_not(sandbox_i
     def watched_start():
         try:
             return start_once()
-        except Exception:
+        except _KernelBusy:
             refused.set()
             raise
 
     backend._start_worker_once = watched_start
     others = _processes_of_uid(BUSY, seconds=600)
-    started: list = []
-    starter = threading.Thread(target=lambda: started.append(backend.start_worker()))
+
+    def free_the_uid_once_refused() -> None:
+        if refused.wait(timeout=30):
+            for p in others:  # the uid is free once they are reaped
+                p.kill()
+                p.wait()
+
+    # The worker starts in this thread: bubblewrap's --die-with-parent ends the sandbox when
+    # the thread that started it exits.
+    freer = threading.Thread(target=free_the_uid_once_refused)
     try:
-        starter.start()
-        assert refused.wait(timeout=30), "the start was not refused while the uid was busy"
-        assert not started
-        for p in others:  # the uid is free once they are reaped
-            p.kill()
-            p.wait()
-        starter.join(timeout=60)
-        assert started, "the start did not succeed once the uid was free"
-        worker = started[0]
+        freer.start()
+        worker = backend.start_worker()
         try:
+            assert refused.is_set(), "the start was not refused while the uid was busy"
             assert worker.request({"op": "ping"}, timeout_s=30.0)["pong"]
         finally:
             worker.kill()
     finally:
+        refused.set()  # the freer ends the busy processes in any case
+        freer.join(timeout=60)
         for p in others:
             p.kill()
             p.wait()
-        starter.join(timeout=60)
 
 
 def test_a_uid_that_stays_busy_gets_an_error_that_names_the_limit(sandbox_image):
