@@ -37,6 +37,8 @@ outputs (runs/NAME/): config.yaml, metrics.jsonl, tensorboard/, trajectories.jso
 _EPILOG_EVAL = """examples:
   tir-rl eval --checkpoint bundled --env tir_rl/MathPython-v0 --split test --k 1
   tir-rl eval --checkpoint runs/quickstart --k 4 --samples 8 --tasks 64
+  tir-rl eval --config configs/lab.yaml    # the config's model, env.eval_split, run.eval_tasks
+a flag left out keeps the config's value; a flag and a --set of the same key are refused
 """
 
 
@@ -93,18 +95,34 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from tir_rl.evaluate import format_table, resolve_checkpoint, run_eval
     from tir_rl.run_config import RunConfig
 
-    model = resolve_checkpoint(args.checkpoint)
-    overrides = [f"model={model}", f"env.eval_split={args.split}", *args.set]
-    if args.env:
-        overrides.append(f"env.id={args.env}")
+    # A flag left out keeps the config's value; a flag and a --set of the same key is refused.
+    flags = (
+        ("--checkpoint", "model", args.checkpoint and resolve_checkpoint(args.checkpoint)),
+        ("--split", "env.eval_split", args.split),
+        ("--env", "env.id", args.env),
+    )
+    set_keys = {item.split("=", 1)[0].strip() for item in args.set}
+    overrides = [*args.set]
+    for flag, key, value in flags:
+        if value is None:
+            continue
+        if key in set_keys:
+            raise ConfigError(f"{flag} and --set {key}=... both set {key}: give one.")
+        overrides.append(f"{key}={value}")
     config = load(RunConfig, args.config, overrides)
+    model = config.model
     out = (
         Path(args.out)
         if args.out
         else Path(model if Path(model).is_dir() else ".") / ("eval_report.json")
     )
+    print(f"evaluating {model} on {config.env.id} ({config.env.eval_split} split)")
     outcome = run_eval(
-        config, num_tasks=args.tasks, k=args.k, samples_per_task=args.samples, report_path=out
+        config,
+        num_tasks=args.tasks if args.tasks is not None else config.run.eval_tasks,
+        k=args.k,
+        samples_per_task=args.samples,
+        report_path=out,
     )
     print(format_table(outcome.report))
     print(f"report: {outcome.report_path}")
@@ -291,15 +309,20 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG_EVAL,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--checkpoint", default="bundled", help="bundled, a run or checkpoint folder")
+    p.add_argument(
+        "--checkpoint",
+        help="bundled, tiny, lab, a run or checkpoint folder (default: the config's model)",
+    )
     p.add_argument(
         "--env",
         help="gymnasium id or module:Name-v0, e.g. tir_rl/MathPython-v0 (default: config's)",
     )
-    p.add_argument("--split", default="test")
+    p.add_argument("--split", help="task split (default: the config's env.eval_split)")
     p.add_argument("--k", type=int, default=1, help="pass@k")
     p.add_argument("--samples", type=int, help="samples per task (default: k)")
-    p.add_argument("--tasks", type=int, default=32, help="number of held-out tasks")
+    p.add_argument(
+        "--tasks", type=int, help="number of held-out tasks (default: the config's run.eval_tasks)"
+    )
     p.add_argument("--config", help="YAML config for engine/rollout/sandbox settings")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
     p.add_argument("--out", help="JSON report path (default: eval_report.json beside the model)")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tir_rl.errors import ConfigError
+from tir_rl.models import NAMED_MODELS
 from tir_rl.report.eval_stats import EvalReport, build_report, format_table
 from tir_rl.run_config import RunConfig
 
@@ -14,10 +15,11 @@ from tir_rl.run_config import RunConfig
 def resolve_checkpoint(checkpoint: str) -> str:
     """Map a `--checkpoint` value to a model the engine can load.
 
-    Accepts `bundled`, `tiny`, a Hugging Face checkpoint folder, or a tir-rl checkpoint
-    folder (`runs/NAME/checkpoints/step_N`, whose weights live in its `model/` subfolder).
+    Accepts a named model (`bundled`, `tiny`, `lab`), a Hugging Face checkpoint folder, a
+    tir-rl checkpoint folder (`runs/NAME/checkpoints/step_N`, whose weights live in its
+    `model/` subfolder) or a run folder (its newest checkpoint).
     """
-    if checkpoint in ("bundled", "tiny"):
+    if checkpoint in NAMED_MODELS:
         return checkpoint
     path = Path(checkpoint).expanduser()
     if (path / "model" / "config.json").is_file():
@@ -31,8 +33,9 @@ def resolve_checkpoint(checkpoint: str) -> str:
         if latest is not None:
             return str(latest / "model")
     raise ConfigError(
-        f"--checkpoint {checkpoint!r} is not 'bundled', a run folder, a checkpoint folder "
-        "(runs/NAME/checkpoints/step_N) or a Hugging Face model folder."
+        f"--checkpoint {checkpoint!r} is not a named model ('bundled', 'tiny', 'lab'), a run "
+        "folder, a checkpoint folder (runs/NAME/checkpoints/step_N) or a Hugging Face model "
+        "folder. Leave --checkpoint out to evaluate the config's `model`."
     )
 
 

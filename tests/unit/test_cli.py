@@ -103,3 +103,57 @@ def test_sigterm_keeps_the_default_under_torchrun(monkeypatch) -> None:
     previous = signal.getsignal(signal.SIGTERM)
     exit_on_sigterm()
     assert signal.getsignal(signal.SIGTERM) is previous
+
+
+class EvalCalled(Exception):
+    """Raised by the fake `run_eval` once it has recorded what the command gave it."""
+
+
+def _fake_run_eval(monkeypatch) -> list:
+    """Replace `run_eval` with a fake that records the config and task count, then stops."""
+    from tir_rl import evaluate
+
+    calls = []
+
+    def fake_run_eval(config, *, num_tasks, k, samples_per_task=None, report_path=None):
+        calls.append((config, num_tasks))
+        raise EvalCalled
+
+    monkeypatch.setattr(evaluate, "run_eval", fake_run_eval)
+    return calls
+
+
+def test_eval_without_checkpoint_evaluates_the_configs_model(monkeypatch, capsys):
+    calls = _fake_run_eval(monkeypatch)
+    with pytest.raises(EvalCalled):
+        main(["eval", "--config", "configs/lab.yaml"])
+    config, num_tasks = calls[0]
+    assert config.model == "lab"
+    assert num_tasks == config.run.eval_tasks
+    assert "evaluating lab on tir_rl/MultiHop-v0" in capsys.readouterr().out
+
+
+def test_eval_accepts_every_named_model_and_the_flags_win_over_the_config(monkeypatch):
+    calls = _fake_run_eval(monkeypatch)
+    for name in ("lab", "tiny", "bundled"):
+        argv = ["eval", "--config", "configs/lab.yaml", "--checkpoint", name, "--tasks", "3"]
+        with pytest.raises(EvalCalled):
+            main([*argv, "--split", "train"])
+    assert [(c.model, c.env.eval_split, n) for c, n in calls] == [
+        ("lab", "train", 3),
+        ("tiny", "train", 3),
+        ("bundled", "train", 3),
+    ]
+
+
+def test_eval_refuses_a_flag_and_a_set_of_the_same_key(monkeypatch, capsys):
+    calls = _fake_run_eval(monkeypatch)
+    argv = ["eval", "--config", "configs/lab.yaml", "--checkpoint", "tiny", "--set", "model=lab"]
+    assert main(argv) == 2
+    assert "--checkpoint and --set model=... both set model" in capsys.readouterr().err
+    assert calls == []
+
+
+def test_eval_refuses_an_unknown_checkpoint_and_says_how_to_use_the_configs_model(capsys):
+    assert main(["eval", "--checkpoint", "labb"]) == 2
+    assert "Leave --checkpoint out to evaluate the config's `model`" in capsys.readouterr().err
