@@ -176,6 +176,17 @@ def test_llama3_parses_json_calls_into_tool_calls(llama_tok):
     )
 
 
+def test_llama3_reads_a_call_after_the_python_tag_as_a_call(llama_tok):
+    """Llama 3.1 may open a call with <|python_tag|> (vLLM's llama3_json parser accepts it);
+    read as prose, the episode would end silently on a final answer."""
+    fmt = Llama3Format(llama_tok)
+    call = '<|python_tag|>{"name": "add", "parameters": {"a": 1, "b": 2}}'
+    ids = fmt.encode_assistant_text(call + "<|eom_id|>")
+    assert ids[0] == llama_tok.convert_tokens_to_ids("<|python_tag|>")
+    parsed = fmt.parse_assistant(ids)
+    assert (parsed.tool_calls, parsed.content) == ((ToolCall("add", {"a": 1, "b": 2}),), "")
+
+
 @pytest.mark.parametrize(
     ("text", "kind"),
     [

@@ -3,8 +3,9 @@ r"""Llama 3.x (`llama3`): header tokens, JSON tool calls, tool results in `ipyth
 Every turn is ``<|start_header_id|>{role}<|end_header_id|>\n\n{body}<|eot_id|>`` after one
 ``<|begin_of_text|>``. A tool-calling assistant turn is JSON only, in Llama 3.1's JSON
 tool-calling style: ``{"name": "add", "parameters": {"a": 2, "b": 3}}`` (several calls: one
-object after another, separated by whitespace or ``;``). A turn whose text does not start
-with ``{`` or ``[`` is a final answer. Each tool result is its own ``ipython`` turn. The turn
+object after another, separated by whitespace or ``;``), optionally after Llama's
+``<|python_tag|>`` (as vLLM's ``llama3_json`` parser accepts). A turn whose text does not
+start with ``{`` or ``[`` (after that tag) is a final answer. Each tool result is its own ``ipython`` turn. The turn
 ends with ``<|eot_id|>``; ``<|eom_id|>`` (end of message, used by Llama's built-in tools) also
 stops sampling when the tokenizer has it.
 """
@@ -35,6 +36,7 @@ START_HEADER = "<|start_header_id|>"
 END_HEADER = "<|end_header_id|>"
 EOT = "<|eot_id|>"
 EOM = "<|eom_id|>"
+PYTHON_TAG = "<|python_tag|>"
 
 LLAMA3_TOOL_INSTRUCTIONS = (
     "# Tools\n\n"
@@ -104,7 +106,8 @@ class Llama3Format(TurnFormat):
         return "\n".join(_call_json(call) for call in message.tool_calls)
 
     def parse_text(self, text: str) -> ParsedTurn:
-        """JSON tool calls when the turn starts with `{` or `[`; otherwise a final answer."""
+        """JSON tool calls when the turn starts with `{` or `[` (after an optional
+        `<|python_tag|>`); otherwise a final answer."""
         return parse_json_calls(text)
 
 
@@ -119,9 +122,12 @@ def parse_json_calls(text: str) -> ParsedTurn:
     another (separated by whitespace or ``;``); each becomes a `ToolCall` or a
     `ToolCallParseError` of the same kinds as Hermes blocks: `INVALID_JSON`, `NOT_AN_OBJECT`,
     `MISSING_NAME`, `INVALID_ARGUMENTS`, and `UNCLOSED_TAG` for a value cut off before its
-    closing bracket (the turn hit the token limit). Text after the last value is prose.
+    closing bracket (the turn hit the token limit). Text after the last value is prose. A
+    leading ``<|python_tag|>`` (Llama 3.1 starts tool calls with it) is not part of the calls.
     """
     s = text.strip()
+    if s.startswith(PYTHON_TAG):
+        s = s.removeprefix(PYTHON_TAG).lstrip()
     items: list[ToolCall | ToolCallParseError] = []
     pos = 0
     decoder = json.JSONDecoder()
