@@ -20,7 +20,7 @@ from typing import Any
 
 from tir_rl.chat import ChatFormat
 from tir_rl.config.reference import reference
-from tir_rl.engine.choice import EngineConfig
+from tir_rl.engine.choice import EngineConfig, EngineKind
 from tir_rl.errors import ConfigError
 from tir_rl.mismatch import MismatchCorrection
 from tir_rl.mismatch.guard import CollapseGuard
@@ -80,8 +80,13 @@ class RunSection:
     parity_tolerance: float = 1e-3
     """Largest sampler/trainer logprob gap allowed on the probe after each weight sync."""
     seed: int = 0
-    """Seed of the task stream (the task of group index g is a function of seed and g; with
-    `max_staleness` 0, step s trains on groups s·tasks_per_step ... (s+1)·tasks_per_step − 1)."""
+    """The run's seed. It seeds the task stream (the task of group index g is a function of
+    seed and g; with `max_staleness` 0, step s trains on groups s·tasks_per_step ...
+    (s+1)·tasks_per_step − 1) and every other random source left unset: `engine.seed` (the
+    sampler's draws; with `engine.kind: http` the server's `--seed` decides them),
+    `trainer.seed` and `inject.noise_seed`. A value set in those sections is kept. The
+    held-out tasks do not depend on it, so runs of several seeds are evaluated on the same
+    tasks."""
     max_staleness: int = 0
     """k: the most policy versions (optimizer steps) a sampled token may lag the weights it
     is trained from. 0: the synchronous on-policy loop (rollouts, update and weight sync take
@@ -189,6 +194,7 @@ class RunConfig:
             self.correction_preset = None  # folded in: the saved config is explicit
         self._warn_stale_sequence_masks()
         self._follow_model()
+        self._follow_run_seed()
         self._apply_injection()
         if self.trainer.lr_schedule is LRSchedule.COSINE and self.trainer.schedule_steps == 0:
             self.trainer.schedule_steps = self.run.steps  # the documented meaning of 0
@@ -238,6 +244,16 @@ class RunConfig:
                 )
         self.engine = dataclasses.replace(self.engine, model_path=self.model)
         self.trainer.model = self.model
+
+    def _follow_run_seed(self) -> None:
+        """Seed every random source left unset from `run.seed` (the saved config is explicit)."""
+        seed = self.run.seed
+        if self.engine.seed is None and self.engine.kind is EngineKind.LOCAL:
+            self.engine = dataclasses.replace(self.engine, seed=seed)
+        if self.trainer.seed is None:
+            self.trainer.seed = seed
+        if self.inject.noise_seed is None:
+            self.inject = dataclasses.replace(self.inject, noise_seed=seed)
 
     def _apply_injection(self) -> None:
         """Engine overrides of `inject`; the trainer must stay the fp32 reference."""

@@ -146,3 +146,12 @@ def test_the_chat_section_sets_the_format_and_its_options():
     assert config.load(RunConfig, None).chat.format is ChatFormatName.AUTO
     with pytest.raises(ConfigError, match="chat.format"):
         config.load(RunConfig, None, ["chat.format=llama2"])
+
+
+def test_run_seed_seeds_every_random_source_left_unset():
+    from tir_rl.run_config import RunConfig
+
+    seeded = config.load(RunConfig, None, ["run.seed=3"])
+    assert (seeded.engine.seed, seeded.trainer.seed, seeded.inject.noise_seed) == (3, 3, 3)
+    given = config.load(RunConfig, None, ["run.seed=3", "engine.seed=7", "inject.noise_seed=0"])
+    assert (given.engine.seed, given.trainer.seed, given.inject.noise_seed) == (7, 3, 0)

@@ -5,9 +5,9 @@ Every turn is ``<|start_header_id|>{role}<|end_header_id|>\n\n{body}<|eot_id|>``
 tool-calling style: ``{"name": "add", "parameters": {"a": 2, "b": 3}}`` (several calls: one
 object after another, separated by whitespace or ``;``), optionally after Llama's
 ``<|python_tag|>`` (as vLLM's ``llama3_json`` parser accepts). A turn whose text does not
-start with ``{`` or ``[`` (after that tag) is a final answer. Each tool result is its own ``ipython`` turn. The turn
-ends with ``<|eot_id|>``; ``<|eom_id|>`` (end of message, used by Llama's built-in tools) also
-stops sampling when the tokenizer has it.
+start with ``{`` or ``[`` (after that tag) is a final answer. Each tool result is its own
+``ipython`` turn. The turn ends with ``<|eot_id|>``; ``<|eom_id|>`` (end of message, used by
+Llama's built-in tools) also stops sampling when the tokenizer has it.
 """
 
 from __future__ import annotations
@@ -106,8 +106,7 @@ class Llama3Format(TurnFormat):
         return "\n".join(_call_json(call) for call in message.tool_calls)
 
     def parse_text(self, text: str) -> ParsedTurn:
-        """JSON tool calls when the turn starts with `{` or `[` (after an optional
-        `<|python_tag|>`); otherwise a final answer."""
+        """JSON calls if the turn starts with `{`/`[` (after `<|python_tag|>`); else an answer."""
         return parse_json_calls(text)
 
 

@@ -493,7 +493,7 @@ def serve_command(
         "--model", str(resolve_model(config.model_path)),
         "--dtype", config.dtype,
         "--max-model-len", str(config.max_model_len),
-        "--seed", str(config.seed),
+        "--seed", str(config.seed or 0),
         "--logprobs-mode", config.logprobs_mode,
         "--max-num-seqs", str(config.max_num_seqs),
         "--gpu-memory-utilization", str(config.gpu_memory_utilization),

@@ -90,8 +90,9 @@ class VLLMLocalEngine:
         """Longest context (prompt + completion) in tokens."""
         enforce_eager: bool = True
         """Run without graph capture / compilation (start-up in seconds, CPU-friendly)."""
-        seed: int = 0
-        """Engine seed (per-request seeds come with each `GenerateRequest`)."""
+        seed: int | None = None
+        """Engine seed (per-request seeds come with each `GenerateRequest`). None: `run.seed`
+        in a run config, 0 for an engine built alone."""
         logprobs_mode: str = PROCESSED_LOGPROBS
         """vLLM logprobs mode; anything but `processed_logprobs` needs the flag below."""
         allow_other_logprobs_mode: bool = False
@@ -185,7 +186,7 @@ class VLLMLocalEngine:
             dtype=c.dtype,
             max_model_len=c.max_model_len,
             enforce_eager=c.enforce_eager,
-            seed=c.seed,
+            seed=c.seed or 0,
             logprobs_mode=c.logprobs_mode,
             enable_prefix_caching=c.enable_prefix_caching,
             async_scheduling=c.async_scheduling,

@@ -84,8 +84,9 @@ class MismatchInjection:
         logit_noise_std: float = 0.0
         """Multiply the sampler's final-norm gain `model.norm.weight` by (1 + std·ε),
         ε ~ N(0, 1) per channel: a fixed perturbation of the logits only. 0: off."""
-        noise_seed: int = 0
-        """Seed of ε (drawn once; the same seed gives the same perturbation)."""
+        noise_seed: int | None = None
+        """Seed of ε (drawn once; the same seed gives the same perturbation). None: `run.seed`
+        in a run config, 0 for an injection built alone."""
 
         def validate(self) -> None:
             """Raise `ConfigError` for values that cannot be injected."""
@@ -211,7 +212,7 @@ class MismatchInjection:
         import torch
 
         if self._noise is None or tuple(self._noise.shape) != tuple(shape):
-            gen = torch.Generator().manual_seed(self.config.noise_seed)
+            gen = torch.Generator().manual_seed(self.config.noise_seed or 0)
             eps = torch.randn(tuple(shape), generator=gen, dtype=torch.float32)
             self._noise = self.config.logit_noise_std * eps
         return self._noise

@@ -239,8 +239,9 @@ class Trainer:
         lora: LoRAConfig = field(default_factory=LoRAConfig)
         """LoRA adapters (`peft`, the `tir-rl[lora]` extra): only the adapters train, and the
         engine gets the merged weights. Off unless `trainer.lora.enabled`."""
-        seed: int = 0
-        """Seeds python, numpy and torch at construction."""
+        seed: int | None = None
+        """Seeds python, numpy and torch at construction (plus the rank). None: `run.seed` in
+        a run config, 0 for a trainer built alone."""
         device: str = "auto"
         """`auto` (CUDA when available, else CPU), `cpu`, `cuda`, or `cuda:N`."""
 
@@ -285,7 +286,7 @@ class Trainer:
         self.config = config or Trainer.Config()
         self.config.validate()
         self.lr_at(0)  # refuse a schedule that cannot run (cosine without its length) now
-        seed_everything(self.config.seed + tdist.rank())
+        seed_everything((self.config.seed or 0) + tdist.rank())
         self.device = _pick_device(self.config.device)
         if self.config.tf32 and self.device.type != "cuda":
             raise ConfigError(
