@@ -30,7 +30,11 @@ sys.path.insert(0, str(HERE))
 from settings import CORRECTIONS  # noqa: E402
 from verdict import CollapseVerdict, judge_run, values_by_step  # noqa: E402
 
-from tir_rl.report.eval_stats import bootstrap_seeds_and_tasks  # noqa: E402
+from tir_rl.report.eval_stats import (  # noqa: E402
+    Estimate,
+    bootstrap_paired_change,
+    bootstrap_seeds_and_tasks,
+)
 from tir_rl.report.run_log import read_metrics  # noqa: E402
 
 _RUN = re.compile(r"^(?P<setting>.+)_s(?P<seed>\d+)$")
@@ -211,18 +215,33 @@ REJECTED = ("token", "turn", "seq")
 """What a correction rejects, per `mismatch/correction/masked_<what>_fraction`."""
 
 
-def final_task_scores(run: Run) -> list[float] | None:
-    """The trained policy's pass@1 per held-out task (clean sampler where the run has it);
-    None when the last evaluation's file has no per-task scores."""
-    prefix = _heldout_prefix(run)
-    points = values_by_step(run.rows, f"{prefix}/pass_at_1")
-    if len(points) < 2:
-        return None
-    path = run.folder / f"{prefix}_step_{max(points)}.json"
+def task_scores(run: Run, step: int) -> list[float] | None:
+    """Pass@1 per held-out task at `step` (clean sampler where the run has it); None when that
+    evaluation's file is missing or has no per-task scores."""
+    path = run.folder / f"{_heldout_prefix(run)}_step_{step}.json"
     if not path.is_file():
         return None
     scores = json.loads(path.read_text()).get("task_pass_at_1") or []
     return [float(x) for x in scores] or None
+
+
+def final_task_scores(run: Run) -> list[float] | None:
+    """The trained policy's pass@1 per held-out task (clean sampler where the run has it);
+    None when the last evaluation's file has no per-task scores."""
+    points = _heldout(run)
+    return task_scores(run, max(points)) if len(points) > 1 else None
+
+
+def paired_change(run: Run) -> Estimate | None:
+    """Final minus starting held-out pass@1, paired by task, with its 95% bootstrap interval
+    (`bootstrap_paired_change`); None without per-task scores at both ends."""
+    points = _heldout(run)
+    if len(points) < 2:
+        return None
+    before, after = task_scores(run, min(points)), task_scores(run, max(points))
+    if before is None or after is None or len(before) != len(after):
+        return None
+    return bootstrap_paired_change(before, after)
 
 
 def wall_minutes(run: Run) -> float:
@@ -243,10 +262,11 @@ def corrections_table(runs: list[Run]) -> str:
     """
     by_setting = _by_setting(runs)
     lines = [
-        "| setting | seeds | held-out outcome per seed | collapsed or degraded | "
+        "| setting | seeds | held-out outcome per seed | paired change per seed [95% CI] | "
+        "collapsed or degraded | "
         "steps to collapse | final held-out pass@1 [95% CI, seeds × tasks] | start | "
         "tokens / turns / sequences rejected | wall min |",
-        "|---" * 9 + "|",
+        "|---" * 10 + "|",
     ]
     for setting in _ordered(by_setting):
         group = sorted(by_setting[setting], key=lambda r: r.seed)
@@ -280,15 +300,19 @@ def corrections_table(runs: list[Run]) -> str:
         )
         counts = ", ".join(
             f"{judged.count(o)} {o}"
-            for o in ("collapsed", "degraded", "no change", "learned", "no signal")
+            for o in ("collapsed", "degraded", "no change", "learned", "no signal", "unpaired")
             if judged.count(o)
+        )
+        changes = "; ".join(
+            f"s{r.seed} {_signed(change)}" for r in group if (change := paired_change(r))
         )
         unfinished = len(outcomes) - len(judged)
         if unfinished:
             counts += f"{', ' if counts else ''}{unfinished} unfinished"
         rate = f"{len(failed)}/{len(judged)}" if judged else "–"
         lines.append(
-            f"| {setting} | {', '.join(str(r.seed) for r in group)} | {counts} | {rate} | "
+            f"| {setting} | {', '.join(str(r.seed) for r in group)} | {counts} | "
+            f"{changes or '–'} | {rate} | "
             f"{', '.join(steps) or '–'} | {final} | {_fmt(_mean(starts), '.2f')} | {rejected} | "
             f"{_fmt(_mean([wall_minutes(r) for r in group]), '.1f')} |"
         )
@@ -304,22 +328,22 @@ def outcome(run: Run) -> str:
     """learned / no change / degraded / collapsed / no signal, from held-out pass@1.
 
     The trained policy is judged with the clean sampler when the run evaluated with one, else
-    with its own. `learned` / `degraded`: the final 95% interval lies wholly above / below the
-    starting point estimate; `collapsed`: degraded to at most 0.05; `no signal`: no step made
-    an update (every group degenerate).
+    with its own, against the run's own start, task by task: `learned` / `degraded` when the
+    95% interval of the paired change (`paired_change`) lies wholly above / below 0;
+    `collapsed`: degraded to at most 0.05; `no signal`: no step made an update (every group
+    degenerate); `unpaired`: the per-task scores of the first or last evaluation are missing.
     """
-    key = f"{_heldout_prefix(run)}/pass_at_1"
-    points = values_by_step(run.rows, key)
+    points = _heldout(run)
     if len(points) < 2:
         return "unfinished"
     if not values_by_step(run.rows, "train/grad_norm"):
         return "no signal"
-    first, last = min(points), max(points)
-    low = values_by_step(run.rows, f"{key}_low").get(last, points[last])
-    high = values_by_step(run.rows, f"{key}_high").get(last, points[last])
-    if high < points[first]:
-        return "collapsed" if points[last] <= 0.05 else "degraded"
-    return "learned" if low > points[first] else "no change"
+    change = paired_change(run)
+    if change is None:
+        return "unpaired"
+    if change.high < 0:
+        return "collapsed" if points[max(points)] <= 0.05 else "degraded"
+    return "learned" if change.low > 0 else "no change"
 
 
 def breaking_point_map(runs: list[Run]) -> str:
@@ -379,6 +403,10 @@ def _map_cell(run: Run) -> str:
     sizes = early_gap(run)
     gap = f"; k3 {sizes[0]:.1e}, max {sizes[1]:.2g}" if sizes is not None else ""
     return f"**{outcome(run)}** {heldout}{gap}"
+
+
+def _signed(change: Estimate) -> str:
+    return f"{change.value:+.3f} [{change.low:+.3f}, {change.high:+.3f}]"
 
 
 def _ordered(settings: Any) -> list[str]:

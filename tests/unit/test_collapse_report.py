@@ -15,6 +15,7 @@ from report import (  # noqa: E402
     heldout_curves,
     load_runs,
     outcome,
+    paired_change,
     plot,
     trajectories,
 )
@@ -90,6 +91,19 @@ def test_no_heldout_curve_table_for_before_and_after_only(tmp_path):
     assert heldout_curves(load_runs(tmp_path)) == ""
 
 
+TASKS = 64
+
+
+def _solved(fraction: float) -> list[float]:
+    """Per-task pass@1 with the first `fraction` of the tasks solved."""
+    solved = round(fraction * TASKS)
+    return [1.0] * solved + [0.0] * (TASKS - solved)
+
+
+def _write_task_scores(folder: Path, prefix: str, step: int, scores: list[float]) -> None:
+    (folder / f"{prefix}_step_{step}.json").write_text(json.dumps({"task_pass_at_1": scores}))
+
+
 def _write_eval_run(root: Path, name: str, before: float, after: tuple[float, float, float],
                     *, updates: bool = True, clean: bool = True) -> None:  # fmt: skip
     folder = root / name
@@ -104,9 +118,11 @@ def _write_eval_run(root: Path, name: str, before: float, after: tuple[float, fl
          f"{prefix}/pass_at_1_high": high, "eval/pass_at_1": 0.0},
     ]  # fmt: skip
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _write_task_scores(folder, prefix, 0, _solved(before))
+    _write_task_scores(folder, prefix, 8, _solved(point))
 
 
-def test_outcome_judges_the_trained_policy_by_its_interval_against_the_start(tmp_path):
+def test_outcome_judges_the_trained_policy_by_its_paired_change_from_its_own_start(tmp_path):
     _write_eval_run(tmp_path, "h8_decoupled_noise_0.3_s0", 0.25, (0.8, 0.7, 0.9))
     _write_eval_run(tmp_path, "h8_decoupled_noise_1_s0", 0.25, (0.3, 0.2, 0.4))
     _write_eval_run(tmp_path, "h8_bypass_noise_0.3_s0", 0.25, (0.0, 0.0, 0.0))
@@ -120,6 +136,28 @@ def test_outcome_judges_the_trained_policy_by_its_interval_against_the_start(tmp
         "h8_bypass_noise_1": "degraded",
         "h8_bypass_noise_3": "no signal",
     }
+
+
+def test_the_same_tasks_are_each_others_control(tmp_path):
+    """Six more tasks solved and none lost is a gain; the same mean on other tasks is not.
+
+    The final interval (0.19-0.41 here) contains the start (0.25), so judging it against the
+    start's point estimate would call both runs "no change"."""
+    gained = tmp_path / "seq_mis_s0"
+    _write_eval_run(tmp_path, gained.name, 0.25, (0.344, 0.19, 0.41))
+    reshuffled = tmp_path / "seq_mis_s1"
+    _write_eval_run(tmp_path, reshuffled.name, 0.25, (0.344, 0.19, 0.41))
+    other_tasks = [0.0] * 16 + [1.0] * 22 + [0.0] * (TASKS - 38)
+    _write_task_scores(reshuffled, "eval_clean", 8, other_tasks)
+    judged = {r.seed: (outcome(r), paired_change(r)) for r in load_runs(tmp_path)}
+    assert judged[0][0] == "learned" and judged[0][1].low > 0
+    assert judged[1][0] == "no change" and judged[1][1].low < 0 < judged[1][1].high
+
+
+def test_a_run_without_per_task_scores_is_unpaired_not_judged(tmp_path):
+    _write_eval_run(tmp_path, "uncorrected_s0", 0.25, (0.0, 0.0, 0.0))
+    (tmp_path / "uncorrected_s0" / "eval_clean_step_0.json").unlink()
+    assert outcome(load_runs(tmp_path)[0]) == "unpaired"
 
 
 def test_a_run_without_its_final_evaluation_is_unfinished_not_judged(tmp_path):
@@ -186,8 +224,17 @@ def test_a_map_cell_lists_each_seed(tmp_path):
     assert cell.startswith("s0: **collapsed**") and "<br>s1: **learned**" in cell
 
 
+START_TASKS = [1.0, 0.0, 0.0, 0.0] * 4
+
+
 def _write_judged_run(
-    root: Path, name: str, start: float, end: float, tasks: list[float], masked: float
+    root: Path,
+    name: str,
+    start: float,
+    end: float,
+    tasks: list[float],
+    masked: float,
+    start_tasks: list[float] = START_TASKS,
 ) -> None:
     folder = root / name
     folder.mkdir()
@@ -201,34 +248,37 @@ def _write_judged_run(
          "eval_clean/pass_at_1_low": end - 0.1, "eval_clean/pass_at_1_high": end + 0.1},
     ]  # fmt: skip
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (folder / "eval_clean_step_8.json").write_text(json.dumps({"task_pass_at_1": tasks}))
+    _write_task_scores(folder, "eval_clean", 0, start_tasks)
+    _write_task_scores(folder, "eval_clean", 8, tasks)
     (folder / "DONE").write_text("600.0 s\n")
 
 
 def test_the_corrections_table_pools_seeds_and_tasks_per_setting(tmp_path):
-    good, bad = [1.0, 1.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]
-    _write_judged_run(tmp_path, "token_tis_s0", 0.4, 0.75, good, 0.01)
-    _write_judged_run(tmp_path, "token_tis_s1", 0.4, 0.0, bad, 0.03)
-    _write_judged_run(tmp_path, "token_tis_s2", 0.4, 0.75, good, 0.02)
+    good, bad = [1.0, 1.0, 0.0, 1.0] * 4, [0.0] * 16
+    _write_judged_run(tmp_path, "token_tis_s0", 0.25, 0.75, good, 0.01)
+    _write_judged_run(tmp_path, "token_tis_s1", 0.25, 0.0, bad, 0.03)
+    _write_judged_run(tmp_path, "token_tis_s2", 0.25, 0.75, good, 0.02)
     lines = corrections_table(load_runs(tmp_path)).splitlines()
     assert len(lines) == 3
     cells = [c.strip() for c in lines[2].strip("|").split("|")]
     assert cells[0] == "token_tis" and cells[1] == "0, 1, 2"
-    assert cells[2] == "1 collapsed, 2 learned" and cells[3] == "1/3"
-    assert cells[5].startswith("0.500 [")  # (0.75 + 0 + 0.75) / 3, from the per-task scores
-    low, high = (float(x) for x in cells[5].split("[")[1].rstrip("]").split(","))
+    assert cells[2] == "1 collapsed, 2 learned" and cells[4] == "1/3"
+    assert cells[3].startswith("s0 +0.500 [+") and "; s1 -0.250 [-" in cells[3]
+    assert cells[6].startswith("0.500 [")  # (0.75 + 0 + 0.75) / 3, from the per-task scores
+    low, high = (float(x) for x in cells[6].split("[")[1].rstrip("]").split(","))
     assert low < 0.3 and high > 0.7  # one of three seeds scoring nothing widens it
-    assert cells[6] == "0.40"
-    assert cells[7] == "0.02 / 0.04 / 0.06"
-    assert cells[8] == "10.0"
+    assert cells[7] == "0.25"
+    assert cells[8] == "0.02 / 0.04 / 0.06"
+    assert cells[9] == "10.0"
 
 
 def test_the_corrections_table_says_when_a_seed_lacks_per_task_scores(tmp_path):
-    _write_judged_run(tmp_path, "veto_s0", 0.4, 0.75, [1.0, 0.0, 1.0, 1.0], 0.0)
-    _write_judged_run(tmp_path, "veto_s1", 0.4, 0.75, [1.0, 0.0, 1.0, 1.0], 0.0)
+    _write_judged_run(tmp_path, "veto_s0", 0.25, 0.75, [1.0, 0.0, 1.0, 1.0] * 4, 0.0)
+    _write_judged_run(tmp_path, "veto_s1", 0.25, 0.75, [1.0, 0.0, 1.0, 1.0] * 4, 0.0)
     (tmp_path / "veto_s1" / "eval_clean_step_8.json").write_text("{}")
     cells = corrections_table(load_runs(tmp_path)).splitlines()[2].split("|")
-    assert "(1 of 2 seeds)" in cells[6]
+    assert "(1 of 2 seeds)" in cells[7]
+    assert "1 learned, 1 unpaired" in cells[3]
 
 
 def test_kept_records_give_the_same_report_as_the_run_folders(tmp_path):
@@ -242,6 +292,6 @@ def test_kept_records_give_the_same_report_as_the_run_folders(tmp_path):
     kept = keep(runs, tmp_path / "kept")
     assert [p.name for p in kept] == ["token_tis_s0"]
     assert sorted(p.name for p in kept[0].iterdir()) == [
-        "DONE", "eval_clean_step_8.json", "metrics.jsonl",
+        "DONE", "eval_clean_step_0.json", "eval_clean_step_8.json", "metrics.jsonl",
     ]  # fmt: skip
     assert corrections_table(load_runs(tmp_path / "kept")) == corrections_table(load_runs(runs))
