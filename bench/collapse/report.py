@@ -39,6 +39,7 @@ from tir_rl.report.run_log import read_metrics  # noqa: E402
 
 _RUN = re.compile(r"^(?P<setting>.+)_s(?P<seed>\d+)$")
 _TURN = re.compile(r"^mismatch/turn_(\d+)/k3_kl$")
+_TOOL_DIST = re.compile(r"^mismatch/tool_dist_[^/]+/k3_kl$")
 ORDER = ("no_mismatch", "uncorrected", *CORRECTIONS)
 LOG_FLOOR = 1e-7
 HELDOUT = "eval/pass_at_1"
@@ -157,6 +158,8 @@ def trajectories(runs: list[Run]) -> str:
         header += (
             f" entropy (mean per {REWARD_BLOCK} steps) | k3 KL (mean per {REWARD_BLOCK} steps) |"
         )
+    else:
+        header += " k3 KL (per step) |"
     lines = [header, "|---" * header.count(" | ") + "|---|"]
     for run in sorted(runs, key=lambda r: (_ordered([r.setting])[0], r.seed)):
         rewards = values_by_step(run.rows, "rollout/reward_mean")
@@ -169,11 +172,53 @@ def trajectories(runs: list[Run]) -> str:
             f"{entropy[min(entropy)]:.2f} → {entropy[max(entropy)]:.2f}" if entropy else "–"
         )
         row = f"| {run.setting}_s{run.seed} | {reward_text} | {entropy_text} |"
+        k3 = values_by_step(run.rows, "mismatch/k3_kl")
         if blocked:
-            k3 = values_by_step(run.rows, "mismatch/k3_kl")
             row += f" {_block_means(entropy, '.2f')} | {_block_means(k3, '.1e')} |"
+        else:
+            row += f" {', '.join(f'{k3[s]:.1e}' for s in sorted(k3)) or '–'} |"
         lines.append(row)
     return "\n".join(lines)
+
+
+EARLY_BLOCK = 15
+"""Steps over which `early_mismatch_by_position` averages: before the long runs' bypass
+collapses set in."""
+
+
+def early_mismatch_by_position(runs: list[Run]) -> str:
+    """Per run of more than `REWARD_BLOCK` steps: mean k3 KL over steps 1-`EARLY_BLOCK` by
+    turn and by distance from the last tool result (where in an episode the gap sits before
+    anything has gone wrong). Empty when no run is that long."""
+    long_runs = [
+        r for r in runs if len(values_by_step(r.rows, "rollout/reward_mean")) > REWARD_BLOCK
+    ]
+    if not long_runs:
+        return ""
+    keys = sorted({k for r in long_runs for row in r.rows for k in row
+                   if _TURN.match(k) or _TOOL_DIST.match(k)}, key=_position_order)  # fmt: skip
+    names = [k.split("/")[1] for k in keys]
+    lines = [
+        f"mean k3 KL over steps 1-{EARLY_BLOCK}, by turn and by tokens since the last tool result:",
+        "",
+        "| run | " + " | ".join(names) + " |",
+        "|---" * (len(names) + 1) + "|",
+    ]
+    for run in sorted(long_runs, key=lambda r: (_ordered([r.setting])[0], r.seed)):
+        cells = []
+        for key in keys:
+            early = [v for step, v in values_by_step(run.rows, key).items() if step <= EARLY_BLOCK]
+            cells.append(_fmt(_mean(early), ".1e"))
+        lines.append(f"| {run.setting}_s{run.seed} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _position_order(key: str) -> tuple[int, int]:
+    """Turns first (by index), then tool distances (by their lower bound, `none` last)."""
+    if match := _TURN.match(key):
+        return (0, int(match[1]))
+    bucket = key.split("/")[1].removeprefix("tool_dist_")
+    return (1, int(bucket.split("-")[0]) if bucket[0].isdigit() else 10**9)
 
 
 def _block_means(values: dict[int, float], spec: str) -> str:
@@ -566,6 +611,19 @@ def _by_turn(runs: list[Run]) -> dict[int, float]:
     return {t: statistics.fmean(v) for t, v in sorted(per_turn.items())}
 
 
+def report_text(runs: list[Run]) -> str:
+    """`report.md`: every table of the runs, in order."""
+    parts = (
+        table(runs),
+        corrections_table(runs),
+        trajectories(runs),
+        early_mismatch_by_position(runs),
+        heldout_curves(runs),
+        breaking_point_map(runs),
+    )
+    return "\n\n".join(t for t in parts if t)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", type=Path, nargs="?", default=Path("runs/collapse"))
@@ -574,14 +632,7 @@ def main() -> None:
     runs = load_runs(args.root)
     if not runs:
         raise SystemExit(f"no runs with metrics.jsonl under {args.root}")
-    parts = (
-        table(runs),
-        corrections_table(runs),
-        trajectories(runs),
-        heldout_curves(runs),
-        breaking_point_map(runs),
-    )
-    text = "\n\n".join(t for t in parts if t)
+    text = report_text(runs)
     print(text)
     (args.root / "report.md").write_text(text + "\n")
     for path in plot(runs, args.plots or args.root / "plots"):

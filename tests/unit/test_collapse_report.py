@@ -12,6 +12,7 @@ from report import (  # noqa: E402
     breaking_point_map,
     corrections_table,
     early_gap,
+    early_mismatch_by_position,
     heldout_curves,
     load_runs,
     outcome,
@@ -21,11 +22,13 @@ from report import (  # noqa: E402
 )
 
 
-def _write_run(root: Path, name: str, rewards: list[float], entropies: list[float]) -> None:
+def _write_run(
+    root: Path, name: str, rewards: list[float], entropies: list[float], k3: float = 2e-3
+) -> None:
     folder = root / name
     folder.mkdir()
     rows = [
-        {"step": i + 1, "rollout/reward_mean": r, "train/entropy": e}
+        {"step": i + 1, "rollout/reward_mean": r, "train/entropy": e, "mismatch/k3_kl": k3 * i}
         for i, (r, e) in enumerate(zip(rewards, entropies, strict=True))
     ]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -36,17 +39,22 @@ def test_each_run_lists_its_reward_at_every_step_and_its_entropy_first_to_last(t
     _write_run(tmp_path, "no_mismatch_s0", [0.4, 0.6], [1.2, 1.1])
     text = trajectories(load_runs(tmp_path))
     lines = text.splitlines()
-    assert lines[2] == "| no_mismatch_s0 | 0.40, 0.60 | 1.20 → 1.10 |"
-    assert lines[3] == "| uncorrected_s1 | 0.50, 0.25, 0.00 | 1.37 → 5.61 |"
+    assert lines[2] == "| no_mismatch_s0 | 0.40, 0.60 | 1.20 → 1.10 | 0.0e+00, 2.0e-03 |"
+    assert lines[3] == (
+        "| uncorrected_s1 | 0.50, 0.25, 0.00 | 1.37 → 5.61 | 0.0e+00, 2.0e-03, 4.0e-03 |"
+    )
 
 
 def test_long_runs_show_block_means_of_the_reward(tmp_path):
     steps = 2 * REWARD_BLOCK + 1
     rewards = [0.0] * REWARD_BLOCK + [1.0] * REWARD_BLOCK + [0.5]
-    _write_run(tmp_path, "uncorrected_s0", rewards, [1.0] * steps)
+    _write_run(tmp_path, "uncorrected_s0", rewards, [1.0] * steps, k3=0.0)
     lines = trajectories(load_runs(tmp_path)).splitlines()
     assert f"mean per {REWARD_BLOCK} steps" in lines[0]
-    assert lines[2] == "| uncorrected_s0 | 0.00, 1.00, 0.50 | 1.00 → 1.00 | 1.00, 1.00, 1.00 | – |"
+    assert lines[2] == (
+        "| uncorrected_s0 | 0.00, 1.00, 0.50 | 1.00 → 1.00 | 1.00, 1.00, 1.00 | "
+        "0.0e+00, 0.0e+00, 0.0e+00 |"
+    )
 
 
 def test_long_runs_show_the_drift_of_entropy_and_k3_block_by_block(tmp_path):
@@ -295,3 +303,26 @@ def test_kept_records_give_the_same_report_as_the_run_folders(tmp_path):
         "DONE", "eval_clean_step_0.json", "eval_clean_step_8.json", "metrics.jsonl",
     ]  # fmt: skip
     assert corrections_table(load_runs(tmp_path / "kept")) == corrections_table(load_runs(runs))
+
+
+def test_long_runs_get_the_early_mismatch_by_turn_and_tool_distance(tmp_path):
+    folder = tmp_path / "h4_bypass_noise_0.2_s0"
+    folder.mkdir()
+    rows = [
+        {"step": i + 1, "rollout/reward_mean": 0.5, "mismatch/turn_1/k3_kl": 2e-3 * (i < 15),
+         "mismatch/turn_0/k3_kl": 1e-3, "mismatch/tool_dist_8-31/k3_kl": 3e-3,
+         "mismatch/tool_dist_0-7/k3_kl": 4e-3, "mismatch/tool_dist_none/k3_kl": 5e-3}
+        for i in range(REWARD_BLOCK + 1)
+    ]  # fmt: skip
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lines = early_mismatch_by_position(load_runs(tmp_path)).splitlines()
+    assert lines[2] == (
+        "| run | turn_0 | turn_1 | tool_dist_0-7 | tool_dist_8-31 | tool_dist_none |"
+    )
+    assert lines[4] == (
+        "| h4_bypass_noise_0.2_s0 | 1.0e-03 | 2.0e-03 | 4.0e-03 | 3.0e-03 | 5.0e-03 |"
+    )  # turn 1: only steps 1-15 count
+    short = tmp_path / "short"
+    short.mkdir()
+    _write_run(short, "uncorrected_s0", [0.5, 0.5], [1.0, 1.0])
+    assert early_mismatch_by_position(load_runs(short)) == ""

@@ -1,0 +1,52 @@
+"""docs/collapse.md quotes only what `report.py` regenerates from the kept records.
+
+Each suite's kept `report.md` must be what `report.py` writes from the records beside it, and
+every result figure the page quotes to three decimals (held-out pass@1, paired changes,
+intervals) or in scientific notation (k3 KL) must appear in one of those regenerated reports.
+Figures with fewer digits (0.19 → 0.03, step counts, minutes) are not checked.
+"""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "bench" / "collapse" / "results"
+DOC = ROOT / "docs" / "collapse.md"
+SUITES = ("long", "map", "breaking")
+SETTINGS_NOT_RESULTS = {"0.999", "1.001"}
+"""The `geo_rs` band, quoted as a setting."""
+
+sys.path.insert(0, str(ROOT / "bench" / "collapse"))
+from report import load_runs, report_text  # noqa: E402
+
+
+def _regenerated(suite: str) -> str:
+    return report_text(load_runs(RESULTS / suite))
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_each_kept_report_is_what_report_py_writes_from_its_records(suite):
+    committed = (RESULTS / suite / "report.md").read_text()
+    assert _regenerated(suite) + "\n" == committed, (
+        f"run: python bench/collapse/report.py bench/collapse/results/{suite} "
+        f"--plots docs/collapse/{suite}"
+    )
+
+
+def _figures(text: str) -> set[str]:
+    text = text.replace("−", "-")
+    decimals = set(re.findall(r"(?<![\d.])[+-]?\d\.\d{3}(?!\d)", text))
+    scientific = {re.sub(r"e-0*(\d)", r"e-\1", n) for n in re.findall(r"\d\.\d+e-\d+", text)}
+    return decimals | scientific
+
+
+def test_every_figure_collapse_md_quotes_is_in_a_regenerated_report():
+    reports = "\n".join(_regenerated(suite) for suite in SUITES)
+    reports = re.sub(r"e-0*(\d)", r"e-\1", reports)
+    quoted = _figures(DOC.read_text()) - SETTINGS_NOT_RESULTS
+    assert len(quoted) > 100  # the page quotes its tables, not only prose
+    missing = sorted(f for f in quoted if f.lstrip("+") not in reports and f not in reports)
+    assert not missing, f"docs/collapse.md quotes figures no kept record gives: {missing}"
