@@ -10,6 +10,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from tir_rl.errors import ConfigError, TirError
 
@@ -42,6 +43,30 @@ a flag left out keeps the config's value; a flag and a --set of the same key are
 """
 
 
+LIBRARY_LOG = "libraries.log"
+"""vLLM's, transformers' and torch's output of a run, in its run folder (docs/reliability.md)."""
+
+
+def _route_library_output(args: argparse.Namespace, path: Path) -> None:
+    """Keep the terminal to tir-rl's own output unless `--verbose` (`tir_rl.console`)."""
+    if args.verbose:
+        return
+    from tir_rl import console
+
+    console.send_library_output_to(path)
+    print(f"vLLM and library logs: {path} (--verbose shows them here)", file=sys.stderr)
+
+
+def _command_log(command: str) -> Path:
+    """Library log of a command without a run folder: one per command, overwritten."""
+    from tir_rl.models import cache_dir
+
+    path = cache_dir() / "logs" / f"{command}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("")
+    return path
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from tir_rl.config import load
     from tir_rl.report.eval_stats import describe_change
@@ -65,6 +90,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         exec_under_torchrun(
             args.nproc_per_node, args.config, args.set, resume=args.resume, verbose=args.verbose
         )
+    _route_library_output(args, config.run_dir / LIBRARY_LOG)
     summary = run_train(config, resume=bool(args.resume))
     if summary.rank != 0:
         return summary.exit_status
@@ -89,8 +115,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from tir_rl.config import load
     from tir_rl.evaluate import format_table, resolve_checkpoint, run_eval
     from tir_rl.run_config import RunConfig
@@ -110,6 +134,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
             raise ConfigError(f"{flag} and --set {key}=... both set {key}: give one.")
         overrides.append(f"{key}={value}")
     config = load(RunConfig, args.config, overrides)
+    _route_library_output(args, _command_log("eval"))
     model = config.model
     out = (
         Path(args.out)
@@ -132,7 +157,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_sft(args: argparse.Namespace) -> int:
     from tir_rl.sft import load_sft_config, run_sft
 
-    result = run_sft(load_sft_config(args.config, args.set), force=args.force)
+    config = load_sft_config(args.config, args.set)
+    _route_library_output(args, _command_log("sft"))
+    result = run_sft(config, force=args.force)
     info = result.info
     if not result.trained:
         print(f"up to date (config hash {info.config_hash}): {result.checkpoint}")
@@ -156,6 +183,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     from tir_rl.run_config import RunConfig
 
     config = load(RunConfig, args.config, args.set)
+    _route_library_output(args, _command_log("doctor"))
     findings = run_doctor(config, num_episodes=args.episodes)
     print(format_findings(findings))
     return 1 if any(f.verdict is Verdict.FAIL for f in findings) else 0
@@ -227,6 +255,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     from tir_rl.runtime import play_episodes
 
     config = load(RunConfig, args.config, args.set)
+    _route_library_output(args, _command_log("rollout"))
     trajectories = play_episodes(
         config, num=args.num, group_size=args.group_size, split=args.split
     )
@@ -237,8 +266,6 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     if args.out:
         print(f"saved {len(trajectories)} trajectories to {write_jsonl(trajectories, args.out)}")
     if args.html:
-        from pathlib import Path
-
         from transformers import AutoTokenizer
 
         from tir_rl.models import resolve_model
@@ -251,8 +278,6 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
 
 def _cmd_view(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from transformers import AutoTokenizer
 
     from tir_rl.config import load
@@ -282,7 +307,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tir-rl",
         description="Reinforcement learning of LLM agents that use tools over many turns.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="debug logging, and vLLM's and other libraries' logs on the terminal "
+        "(by default they go to a log file: the run folder's libraries.log)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser(

@@ -126,7 +126,7 @@ def _fake_run_eval(monkeypatch) -> list:
 def test_eval_without_checkpoint_evaluates_the_configs_model(monkeypatch, capsys):
     calls = _fake_run_eval(monkeypatch)
     with pytest.raises(EvalCalled):
-        main(["eval", "--config", "configs/lab.yaml"])
+        main(["-v", "eval", "--config", "configs/lab.yaml"])
     config, num_tasks = calls[0]
     assert config.model == "lab"
     assert num_tasks == config.run.eval_tasks
@@ -136,7 +136,7 @@ def test_eval_without_checkpoint_evaluates_the_configs_model(monkeypatch, capsys
 def test_eval_accepts_every_named_model_and_the_flags_win_over_the_config(monkeypatch):
     calls = _fake_run_eval(monkeypatch)
     for name in ("lab", "tiny", "bundled"):
-        argv = ["eval", "--config", "configs/lab.yaml", "--checkpoint", name, "--tasks", "3"]
+        argv = ["-v", "eval", "--config", "configs/lab.yaml", "--checkpoint", name, "--tasks", "3"]
         with pytest.raises(EvalCalled):
             main([*argv, "--split", "train"])
     assert [(c.model, c.env.eval_split, n) for c, n in calls] == [

@@ -30,6 +30,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "types",
             "config",
             "process_owner",
+            "console",
             "metric",
             "models",
             "lab_model",

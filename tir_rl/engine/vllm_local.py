@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tir_rl import console
 from tir_rl.engine._loop import LoopThread
 from tir_rl.engine.base import (
     PROCESSED_LOGPROBS,
@@ -202,7 +203,7 @@ class VLLMLocalEngine:
         )
         reserved = None if c.cpu_reserved_cores is None else str(c.cpu_reserved_cores)
         # Read by the engine core process, which inherits this environment when it starts.
-        with _environment_default(_RESERVED_CORES_VAR, reserved):
+        with _environment_default(_RESERVED_CORES_VAR, reserved), console.child_output():
             return AsyncLLM.from_engine_args(args)
 
     async def _label_start(self) -> None:

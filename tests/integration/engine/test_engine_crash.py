@@ -72,6 +72,12 @@ def test_sigkilled_run_leaves_no_engine_and_resumes(tmp_path):
         timeout=400,
     )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    terminal = resumed.stdout + resumed.stderr
+    library_log = (run_dir / "libraries.log").read_text()
+    for line in ("Initializing a V1 LLM engine", "(EngineCore"):  # vLLM's start-up chatter
+        assert line not in terminal, terminal[-3000:]
+    assert "Initializing a V1 LLM engine" in library_log
+    assert "steps done: 3" in terminal
     assert (run_dir / "checkpoints" / "step_3" / "trainer_state.json").is_file()
     state = json.loads((run_dir / "checkpoints" / "step_3" / "trainer_state.json").read_text())
     assert state["data_position"]["step"] == 3  # the steps of the run, all done
