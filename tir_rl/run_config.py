@@ -68,6 +68,10 @@ class RunSection:
     """Save a checkpoint every N steps (0: only at the end and on interruption)."""
     save_trajectories: int = 4
     """Sample trajectories saved per step to `trajectories.jsonl`."""
+    save_sequences: bool = True
+    """Write one record per trained sequence and step to `sequences.jsonl`: its advantage,
+    its sampler/trainer log-ratio, the tokens the correction kept and their mean importance
+    weight (`tir_rl/report/sequences.py`; about 150 bytes per sequence)."""
     plot_every: int = 1
     """Regenerate PNG plots every N steps."""
     drop_degenerate_groups: bool = True

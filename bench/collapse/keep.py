@@ -22,6 +22,7 @@ RECORDS = (
     "attempts.txt",
     "eval_step_*.json",
     "eval_clean_step_*.json",
+    "sequences.jsonl",
 )
 
 

@@ -61,6 +61,10 @@ class StepOutcome:
     sync_s: float
     parity: ParityReport | None = None
     """The parity probe after the weight sync; None when no sync ran."""
+    kept: torch.Tensor | None = None
+    """[B, T] the whole batch's loss mask after the correction; None for a scoring pass."""
+    is_weights: torch.Tensor | None = None
+    """[B, T] the correction's importance weights (0 where rejected); None likewise."""
 
 
 def step_row(outcome: StepOutcome) -> dict[str, float]:

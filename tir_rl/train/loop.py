@@ -376,10 +376,18 @@ class _TrainLoop:
         # the sync) checkpoints it as done, and `--resume` goes on with the next one.
         self.summary.steps_done = step + 1
         batch = plan.batch if plan is not None else None
+        rows = batch.num_sequences if batch is not None else 0
+        shape = batch.completion_ids.shape if batch is not None else ()
         trainer_logprobs = tdist.rank0_gather_rows(
-            result.logprobs if result is not None else None,
-            num_rows=batch.num_sequences if batch is not None else 0,
-            shape=batch.completion_ids.shape if batch is not None else (),
+            result.logprobs if result is not None else None, num_rows=rows, shape=shape
+        )
+        correction = result.correction if result is not None else None
+        kept = tdist.rank0_gather_rows(
+            correction.loss_mask.float() if correction is not None else None,
+            num_rows=rows, shape=shape,
+        )  # fmt: skip
+        is_weights = tdist.rank0_gather_rows(
+            correction.weights if correction is not None else None, num_rows=rows, shape=shape
         )
         train_s = time.perf_counter() - train_started
 
@@ -402,6 +410,8 @@ class _TrainLoop:
             train_s=train_s,
             sync_s=sync_s,
             parity=parity,
+            kept=kept,
+            is_weights=is_weights,
         )
         row = self.driver.finish_step(step, plan, outcome, trained_version=trained_version)
         return row, stop

@@ -13,6 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from tir_rl.errors import ConfigError
 from tir_rl.mismatch.staleness import mismatch_by_lag, staleness_metrics, token_lags
+from tir_rl.report.sequences import (
+    SEQUENCES_FILE,
+    append_sequences,
+    keep_sequences_up_to,
+    sequence_records,
+)
 from tir_rl.report.step_metrics import StepOutcome, episode_row, step_row
 from tir_rl.rollout.buffer import AdmissionSchedule, GroupBuffer, TakenStep
 from tir_rl.rollout.producer import RolloutProducer
@@ -87,6 +93,7 @@ class Rank0Driver:
         self.engine: MeteredEngine = runtime.engine
         self.metrics = metrics
         self.run_dir = config.run_dir
+        keep_sequences_up_to(self.run_dir / SEQUENCES_FILE, position.step)  # a resume replays
         self.train_env = env_factory(config.env, config.env.train_split)
         self.eval_env = env_factory(config.env, config.env.eval_split)
         cfg = config.run
@@ -230,6 +237,19 @@ class Rank0Driver:
         steps_done = step + 1
         self.metrics.log(steps_done, row)
         cfg = self.config.run
+        if cfg.save_sequences and batch is not None and logprobs is not None:
+            append_sequences(
+                self.run_dir / SEQUENCES_FILE,
+                sequence_records(
+                    steps_done,
+                    batch,
+                    logprobs,
+                    advantages=plan.advantages if outcome.kept is not None else None,
+                    kept=outcome.kept,
+                    weights=outcome.is_weights,
+                    trained_version=trained_version,
+                ),
+            )
         if cfg.save_trajectories and logprobs is not None:
             keep = plan.in_batch[: cfg.save_trajectories]
             save_trajectories(

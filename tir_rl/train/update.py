@@ -48,6 +48,8 @@ class StepPlan:
     batch: TrainBatch | None
     row: dict[str, float]
     num_degenerate_groups: int
+    advantages: torch.Tensor | None = None
+    """[len(in_batch)] the batch's advantages; None when the step only scores it."""
 
 
 def plan_step(
@@ -79,6 +81,7 @@ def plan_step(
         errors = [t.error for t in trajectories if t.error]
         return plan, [StepWork(None, None, errors[0] if errors else "")] * world_size
     advantages = adv.advantages[trainable] if trainable else None
+    plan.advantages = advantages
     if world_size == 1:
         return plan, [StepWork(batch, advantages)]
     works = []

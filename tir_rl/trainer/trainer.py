@@ -133,6 +133,9 @@ class StepResult:
     only, 0 at tool/rendered tokens and past each completion's end (lm_head runs only where
     the update uses a logprob). Only loss-mask-1 values are meaningful to the mismatch
     metrics, the correction and the loss."""
+    correction: CorrectionResult | None = None
+    """This rank's rows as the update's correction left them (kept mask, importance weights);
+    None for a scoring pass."""
 
     @property
     def stop(self) -> bool:
@@ -629,7 +632,9 @@ class Trainer:
             }
         )
         self.step += 1
-        return StepResult(total_loss, grad_norm, skipped, metrics, decision, old_logprobs)
+        return StepResult(
+            total_loss, grad_norm, skipped, metrics, decision, old_logprobs, corrected
+        )
 
     def lr_at(self, step: int) -> float:
         """The learning rate of optimizer step `step` under the configured schedule."""

@@ -12,6 +12,7 @@ from tir_rl.envs.multihop import MultiHopEnv
 from tir_rl.evaluate import resolve_checkpoint, run_eval
 from tir_rl.models import prepare_tiny_model
 from tir_rl.report.run_log import load_trajectories, read_metrics
+from tir_rl.report.sequences import SEQUENCES_FILE, read_sequences
 from tir_rl.run_config import RunConfig
 from tir_rl.train import load_resume_config, run_train
 from tir_rl.trainer.checkpoint import latest_checkpoint
@@ -96,6 +97,13 @@ def test_training_writes_readable_run_outputs(trained):
     assert any("eval/pass_at_1" in r for r in rows)
     saved = load_trajectories(run_dir / "trajectories.jsonl")
     assert saved and all(s.trainer_logprobs is not None for s in saved)
+    sequences = read_sequences(run_dir / SEQUENCES_FILE)
+    for row in train_rows:  # every trained sequence, with what the correction kept of it
+        records = [r for r in sequences if r.step == row["step"]]
+        assert all(r.advantage is not None for r in records)
+        assert sum(r.kept_tokens or 0 for r in records) == row["train/num_loss_tokens"]
+        masked = sum(r.model_tokens - (r.kept_tokens or 0) for r in records)
+        assert masked == row["train/num_masked_by_correction"]
     assert (run_dir / "plots" / "reward.png").is_file()
     assert json.loads((run_dir / "eval_step_2.json").read_text())["num_tasks"] == 2
 
