@@ -27,6 +27,7 @@ from tir_rl.chat import (
     compare_incremental_with_full,
     detect_format,
 )
+from tir_rl.chat.probe import template_messages
 from tir_rl.errors import ChatFormatError
 from tir_rl.types import Message, Role, ToolCall
 
@@ -393,3 +394,62 @@ def test_a_template_that_drops_earlier_reasoning_is_refused():
         ChatFormat(tokenizer, config=ChatFormat.Config(format=ChatFormatName.TEMPLATE))
     assert "Both sums are back" in str(info.value)
     assert type(ChatFormat(tokenizer)) is QwenFormat  # auto picks the named family instead
+
+
+QWEN3_THINKING_SWITCH = QWEN_TEMPLATE.replace(
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}"
+    "<think>\n\n</think>\n\n{% endif %}{% endif %}",
+)
+"""Qwen3's generation prompt: an empty reasoning block when thinking is switched off."""
+
+_MARK = "{% if enable_thinking is defined and enable_thinking is false %}<think></think>{% endif %}"
+THINKING_SWITCH_TEMPLATE = QWEN_TEMPLATE.replace(
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    "{% if add_generation_prompt %}<|im_start|>assistant\n" + _MARK + "{% endif %}",
+).replace(
+    "{% elif message.role == 'assistant' %}<|im_start|>assistant"
+    "{% if message.content %}\n{{ message.content }}{% endif %}",
+    "{% elif message.role == 'assistant' %}<|im_start|>assistant\n"
+    + _MARK
+    + "{{ message.content }}",
+)
+"""A template that reads `enable_thinking` and stays append-only and TITO-consistent with the
+test tokenizer (its mark sits between added tokens, so no merge crosses it)."""
+
+
+def test_qwen_without_thinking_opens_every_sampled_turn_with_qwen3s_empty_block(qwen_tok):
+    fmt = QwenFormat(qwen_tok, config=ChatFormat.Config(enable_thinking=False))
+    conv = fmt.conversation([Message.user("2+3?")])
+    assert fmt.decode(conv.prompt_ids).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    ids = fmt.encode_assistant_text(call) + [fmt.end_of_turn_id]
+    conv.append_sampled(ids, [0.0] * len(ids))
+    conv.append_messages([Message.tool("5", name="add")])
+    assert fmt.decode(conv.token_ids).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    # the same text as Qwen3's template renders with enable_thinking=False
+    qwen3 = qwen_tokenizer(QWEN3_THINKING_SWITCH)
+    messages = [Message.user("2+3?")]
+    expected = qwen3.apply_chat_template(
+        template_messages(messages), tokenize=False, add_generation_prompt=True,
+        enable_thinking=False,
+    )  # fmt: skip
+    assert fmt.decode(QwenFormat(qwen3, config=fmt.config).render_prompt(messages)) == expected
+    thinking = QwenFormat(qwen_tok, config=ChatFormat.Config(enable_thinking=True))
+    assert fmt.decode(thinking.render_prompt(messages)).endswith("<|im_start|>assistant\n")
+
+
+def test_a_template_that_reads_enable_thinking_gets_it_and_others_refuse_it(smol, llama_tok):
+    switch = qwen_tokenizer(THINKING_SWITCH_TEMPLATE)
+    off = ChatFormat.Config(format=ChatFormatName.TEMPLATE, enable_thinking=False)
+    rendered = TemplateFormat(switch, config=off).render_prompt([Message.user("2+3?")])
+    assert switch.decode(rendered).endswith("<|im_start|>assistant\n<think></think>")
+    for tokenizer, family in (
+        (smol, "chatml"),
+        (llama_tok, "llama3"),
+        (qwen_tokenizer(), "template"),
+    ):
+        config = ChatFormat.Config(format=ChatFormatName(family), enable_thinking=False)
+        with pytest.raises(ChatFormatError, match="has no thinking switch"):
+            ChatFormat(tokenizer, config=config)

@@ -79,6 +79,12 @@ class ChatFormat:
         extra_stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
         """Token ids that also end a turn when sampled, besides the end-of-turn token and
         EOS."""
+        enable_thinking: bool | None = None
+        """Qwen3's thinking switch. False: every assistant turn opens with an empty
+        `<think>\n\n</think>\n\n` block, rendered (not sampled), as Qwen3's template does with
+        `enable_thinking=False`, so the model answers without reasoning. True: the model
+        decides, as the template's default. None: not set. Honoured by `qwen` and by a
+        `template` whose text reads `enable_thinking`; refused by the other families."""
 
     name: ClassVar[ChatFormatName]
     """The family."""
@@ -115,6 +121,12 @@ class ChatFormat:
                 "the family the config names"
             )
         self._prepare()
+        if self.config.enable_thinking is not None and not self._honours_enable_thinking():
+            raise ChatFormatError(
+                f"chat.enable_thinking={self.config.enable_thinking} but the {self.name.value!r} "
+                "chat format has no thinking switch (Qwen3's): use chat.format=qwen, or "
+                "template with a chat_template that reads enable_thinking, or leave it unset."
+            )
         self.end_of_turn_id: int = self._end_of_turn_id()
         """Closes every turn; sampled by the model to end its turn."""
         stops = [self.end_of_turn_id, *self._other_stop_ids()]
@@ -125,12 +137,21 @@ class ChatFormat:
         """Token ids that end an assistant turn (the end-of-turn token first, then the
         family's others, EOS and extras)."""
 
+    def template_variables(self) -> dict[str, Any]:
+        """Variables a chat template is rendered with to match this format (doctor, template)."""
+        thinking = self.config.enable_thinking
+        return {} if thinking is None else {"enable_thinking": thinking}
+
     # ------------------------------------------------------------------- family hooks
     def _prepare(self) -> None:
         """Check the tokenizer and config, and set what the other hooks need."""
 
     def _end_of_turn_id(self) -> int:
         raise NotImplementedError
+
+    def _honours_enable_thinking(self) -> bool:
+        """Whether the family renders `Config.enable_thinking` (the others refuse it)."""
+        return False
 
     def _conversation_pieces(
         self, messages: Sequence[Message], generation_prompt: bool, continue_final: bool

@@ -10,7 +10,7 @@ start-up.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -124,8 +124,9 @@ def apply_template(
     tool_schemas: Sequence[dict[str, Any]],
     *,
     add_generation_prompt: bool = False,
+    variables: Mapping[str, Any] | None = None,
 ) -> str:
-    """`tokenizer.apply_chat_template` as text.
+    """`tokenizer.apply_chat_template` as text (`variables`: extra template variables).
 
     Raises:
         ChatFormatError: The template failed on the conversation.
@@ -136,6 +137,7 @@ def apply_template(
             tools=list(tool_schemas) or None,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
+            **dict(variables or {}),
         )
     except Exception as exc:  # noqa: BLE001 (jinja errors of a user template, re-raised typed)
         raise ChatFormatError(
@@ -165,5 +167,10 @@ def template_diff(
     if chat_template_of(tokenizer) is None:
         raise ChatFormatError("the tokenizer has no chat_template to compare with")
     ours = chat_format.render_messages(messages)
-    text = apply_template(tokenizer, template_messages(messages), chat_format.tool_schemas)
+    text = apply_template(
+        tokenizer,
+        template_messages(messages),
+        chat_format.tool_schemas,
+        variables=chat_format.template_variables(),
+    )
     return diff_tokens(ours, encode_template_text(tokenizer, text), chat_format.decode)

@@ -6,7 +6,8 @@ inside one ``<|im_start|>user`` turn, and put the tool block (``# Tools`` ... ``
 blocks. Qwen3's ``<think>...</think>`` reasoning is part of the sampled assistant text and is
 kept verbatim in every later turn (the token list is append-only, and training sees what
 was sampled), whereas Qwen3's template drops earlier turns' reasoning when it re-renders a
-whole conversation: `tir-rl doctor` reports that difference (docs/chat-format.md).
+whole conversation: `tir-rl doctor` reports that difference (docs/chat-format.md). With
+`chat.enable_thinking: false` every sampled turn opens with Qwen3's empty reasoning block.
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ from typing import ClassVar
 
 from tir_rl.chat.chatml import ChatMLFormat
 from tir_rl.chat.family import ChatFormatName
+from tir_rl.chat.tokens import Piece, Text
 
-__all__ = ["QwenFormat"]
+__all__ = ["EMPTY_THINKING", "QwenFormat"]
+
+EMPTY_THINKING = "<think>\n\n</think>\n\n"
+"""What Qwen3's template puts after the assistant header with `enable_thinking=False`."""
 
 
 class QwenFormat(ChatMLFormat):
@@ -24,3 +29,13 @@ class QwenFormat(ChatMLFormat):
 
     name: ClassVar[ChatFormatName] = ChatFormatName.QWEN
     tool_role: ClassVar[str] = "user"
+
+    def _honours_enable_thinking(self) -> bool:
+        return True
+
+    def _generation_header(self) -> list[Piece]:
+        """With `enable_thinking: false`, Qwen3's empty reasoning block after the header."""
+        header = self._header("assistant")
+        if self.config.enable_thinking is False:
+            header.append(Text(EMPTY_THINKING, literal=False))
+        return header

@@ -90,6 +90,10 @@ class TemplateFormat(ChatFormat):
             )
         self._special_pattern = _special_pattern(self.tokenizer)
 
+    def _honours_enable_thinking(self) -> bool:
+        """Only a template that reads the variable can honour it (Qwen3's does)."""
+        return "enable_thinking" in (chat_template_of(self.tokenizer) or "")
+
     def _end_of_turn_id(self) -> int:
         pieces = self._pieces(list(_STUB), generation_prompt=False)
         cut = self._after_last_content(pieces)
@@ -119,6 +123,7 @@ class TemplateFormat(ChatFormat):
             conversation,
             self.tool_schemas,
             add_generation_prompt=add_generation_prompt,
+            variables=self.template_variables(),
         )
 
     def _as_text(self, messages: Sequence[Message]) -> list[Message]:
@@ -138,6 +143,7 @@ class TemplateFormat(ChatFormat):
             template_messages(placeholders),
             self.tool_schemas,
             add_generation_prompt=generation_prompt,
+            variables=self.template_variables(),
         )
         pieces: list[Piece] = []
         pos = 0

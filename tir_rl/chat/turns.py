@@ -65,6 +65,10 @@ class TurnFormat(ChatFormat):
     def _header(self, role: str) -> list[Piece]:
         raise NotImplementedError
 
+    def _generation_header(self) -> list[Piece]:
+        """What opens the assistant turn the model samples (the assistant header)."""
+        return self._header("assistant")
+
     def _tool_results_body(self, results: Sequence[Message]) -> str:
         return "\n".join(
             f"{TOOL_RESPONSE_OPEN}\n{m.content}\n{TOOL_RESPONSE_CLOSE}" for m in results
@@ -113,7 +117,7 @@ class TurnFormat(ChatFormat):
         if continue_final:
             del pieces[-len(self._end()) :]  # the final end of turn (and separator)
         if generation_prompt:
-            pieces.extend(self._header("assistant"))
+            pieces.extend(self._generation_header())
         return pieces
 
     def _env_pieces(self, messages: Sequence[Message], close_turn: bool) -> list[Piece]:
@@ -121,7 +125,7 @@ class TurnFormat(ChatFormat):
         if self.turn_separator:
             pieces.append(Text(self.turn_separator))
         pieces.extend(self._messages_pieces(messages))
-        pieces.extend(self._header("assistant"))
+        pieces.extend(self._generation_header())
         return pieces
 
     def _messages_pieces(self, messages: Sequence[Message], system_index: int = -1) -> list[Piece]:
