@@ -453,3 +453,16 @@ def test_a_template_that_reads_enable_thinking_gets_it_and_others_refuse_it(smol
         config = ChatFormat.Config(format=ChatFormatName(family), enable_thinking=False)
         with pytest.raises(ChatFormatError, match="has no thinking switch"):
             ChatFormat(tokenizer, config=config)
+
+
+@pytest.mark.parametrize("rewrite", ["trim", "e", "tojson"])
+def test_a_template_that_trims_escapes_or_quotes_tool_output_is_refused(rewrite):
+    """The probe's tool output has spaces, a newline, `<`, `&` and quotes to lose."""
+    raw = "<tool_response>\n{{ message.content }}\n</tool_response>"
+    assert raw in QWEN_TEMPLATE
+    rewriting = QWEN_TEMPLATE.replace(
+        raw, f"<tool_response>\n{{{{ message.content | {rewrite} }}}}\n</tool_response>"
+    )
+    config = ChatFormat.Config(format=ChatFormatName.TEMPLATE)
+    with pytest.raises(ChatFormatError, match="changes message contents"):
+        ChatFormat(qwen_tokenizer(rewriting), config=config)

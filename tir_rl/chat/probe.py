@@ -1,6 +1,7 @@
 """A probe conversation, and where two renderings of it first differ.
 
-`PROBE_MESSAGES` has a tool call, two tool results, a Qwen3-style reasoning block in an
+`PROBE_MESSAGES` has a tool call, two tool results (the first with spaces, a newline, `<`,
+`&` and quotes, for templates that trim, escape or quote), a Qwen3-style reasoning block in an
 earlier turn and a second user query: enough to show how a template places tools and tool
 results, whether it re-renders earlier turns, and whether it keeps reasoning.
 `template_diff` compares a chat format's rendering of it with the tokenizer's own
@@ -42,7 +43,8 @@ PROBE_MESSAGES: tuple[Message, ...] = (
     Message.system("You are a calculator."),
     Message.user("What is 2+3 and 4+4?"),
     Message.assistant("", [ToolCall("add", {"a": 2, "b": 3}), ToolCall("add", {"a": 4, "b": 4})]),
-    Message.tool("5", name="add"),
+    # Tool output as tools write it: a template that trims, escapes or quotes contents shows.
+    Message.tool('  5 <int> & "ok"\n', name="add"),
     Message.tool("8", name="add"),
     Message.assistant("<think>\nBoth sums are back.\n</think>\n\n2+3 is 5 and 4+4 is 8."),
     Message.user("Thanks. And 1+1?"),
