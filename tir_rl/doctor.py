@@ -196,6 +196,7 @@ def template_finding(chat_format: ChatFormat) -> Finding:
     """
     from tir_rl.chat import template_diff
     from tir_rl.chat.family import chat_template_of
+    from tir_rl.chat.probe import probe_conversations
     from tir_rl.errors import ChatFormatError
 
     check = "chat template"
@@ -211,20 +212,28 @@ def template_finding(chat_format: ChatFormat) -> Finding:
         "docs/bring_your_model.md; otherwise set chat.format to the family the model was "
         "trained with (chatml, qwen, llama3, template)"
     )
-    try:
-        diff = template_diff(chat_format)
-    except ChatFormatError as exc:
-        return Finding(check, Verdict.WARN, f"chat.format={family}: {exc}", fix)
-    if diff is None:
+    differences = []
+    for label, messages in probe_conversations(chat_format).items():
+        try:
+            diff = template_diff(chat_format, messages)
+        except ChatFormatError as exc:
+            cause = exc.__cause__ or exc
+            differences.append(
+                f"the tokenizer's chat_template cannot render the {label} "
+                f"({type(cause).__name__}: {cause}), so it was not compared"
+            )
+            continue
+        if diff is not None:
+            differences.append(f"on the {label}, {diff.describe('ours', 'template')}")
+    if not differences:
         return Finding(
             check, Verdict.PASS,
-            f"chat.format={family} renders the probe conversation exactly as the tokenizer's "
-            "chat_template",
+            f"chat.format={family} renders the probe conversations (with and without a system "
+            "message) exactly as the tokenizer's chat_template",
         )  # fmt: skip
     return Finding(
         check, Verdict.WARN,
-        f"chat.format={family} differs from the tokenizer's chat_template on the probe "
-        f"conversation, {diff.describe('ours', 'template')}",
+        f"chat.format={family} against the tokenizer's chat_template: " + "; ".join(differences),
         fix,
     )  # fmt: skip
 

@@ -157,7 +157,40 @@ def test_template_check_passes_without_a_template_and_warns_on_a_failing_one():
     finding = template_finding(chat_format(tokenizer))
     assert finding.verdict is Verdict.PASS and "no chat_template" in finding.detail
     broken = template_finding(chat_format(qwen_tokenizer(template="{{ raise_exception('no') }}")))
-    assert broken.verdict is Verdict.WARN and "failed on the probe" in broken.detail
+    assert broken.verdict is Verdict.WARN
+    assert "cannot render the probe conversation (TemplateError: no)" in broken.detail
+    assert "pick a named family" not in broken.detail  # the family is named already
+
+
+def test_a_llama3_template_that_refuses_two_calls_in_a_turn_is_still_compared():
+    """Meta's Llama 3.x templates raise on several calls in one turn: the probe makes one."""
+    from chat_tokenizers import LLAMA3_TEMPLATE, llama3_tokenizer
+
+    metas = (
+        "{% for m in messages %}{% if m.tool_calls and m.tool_calls | length > 1 %}"
+        "{{ raise_exception('This model only supports single tool-calls at once!') }}"
+        "{% endif %}{% endfor %}" + LLAMA3_TEMPLATE
+    )
+    finding = template_finding(chat_format(llama3_tokenizer(metas)))
+    assert finding.verdict is Verdict.PASS, finding.detail
+
+
+def test_a_default_system_prompt_of_the_template_is_reported():
+    """Qwen2.5's template writes its own system prompt when the messages have none."""
+    from chat_tokenizers import QWEN_TEMPLATE, qwen_tokenizer
+
+    with_system = "{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
+    assert with_system in QWEN_TEMPLATE
+    default = QWEN_TEMPLATE.replace(
+        with_system,
+        "{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n"
+        "{% else %}You are Qwen.\n\n{% endif %}",
+    )
+    finding = template_finding(chat_format(qwen_tokenizer(default)))
+    assert finding.verdict is Verdict.WARN
+    assert "on the probe without a system message" in finding.detail
+    assert "You are Qwen" in finding.detail
+    assert "on the probe conversation," not in finding.detail  # with one, they agree
 
 
 def test_staleness_is_checked_against_the_correction():

@@ -23,7 +23,13 @@ if TYPE_CHECKING:
     from tir_rl.chat.format import ChatFormat
     from tir_rl.chat.tokens import Tokenizer
 
-__all__ = ["PROBE_MESSAGES", "PROBE_TOOL_SCHEMA", "TokenDiff", "template_diff"]
+__all__ = [
+    "PROBE_MESSAGES",
+    "PROBE_TOOL_SCHEMA",
+    "TokenDiff",
+    "probe_conversations",
+    "template_diff",
+]
 
 PROBE_TOOL_SCHEMA: dict[str, Any] = {
     "type": "function",
@@ -50,6 +56,30 @@ PROBE_MESSAGES: tuple[Message, ...] = (
     Message.user("Thanks. And 1+1?"),
     Message.assistant("1+1 is 2."),
 )
+
+
+PROBE_MESSAGES_ONE_CALL_PER_TURN: tuple[Message, ...] = (
+    *PROBE_MESSAGES[:2],
+    Message.assistant("", [ToolCall("add", {"a": 2, "b": 3})]),
+    PROBE_MESSAGES[3],
+    Message.assistant("", [ToolCall("add", {"a": 4, "b": 4})]),
+    *PROBE_MESSAGES[4:],
+)
+"""The probe with one call per assistant turn: Meta's Llama 3.x templates refuse several."""
+
+
+def probe_conversations(chat_format: ChatFormat) -> dict[str, tuple[Message, ...]]:
+    """The conversations `tir-rl doctor` compares with the template, by a readable label.
+
+    The probe (one call per turn for `llama3`, whose templates refuse several), and the same
+    without its system message: a template that writes a default system prompt (Qwen2.5's
+    "You are Qwen, created by Alibaba Cloud...") shows only there.
+    """
+    from tir_rl.chat.family import ChatFormatName
+
+    llama3 = chat_format.name is ChatFormatName.LLAMA3
+    probe = PROBE_MESSAGES_ONE_CALL_PER_TURN if llama3 else PROBE_MESSAGES
+    return {"probe conversation": probe, "probe without a system message": probe[1:]}
 
 
 @dataclass(frozen=True)
