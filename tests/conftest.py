@@ -19,8 +19,26 @@ _SANDBOX_USERS = ("integration/sandbox", "integration/envs", "unit/sandbox", "un
 """Folders whose tests start sandbox processes (Docker containers, bubblewrap, the checker)."""
 
 
+LONGEST_FIRST = (
+    "integration/train/test_train_learns_lora.py",
+    "integration/train/test_train_fsdp2.py",
+    "integration/train/test_train_tiny.py",
+    "integration/train/test_train_lora.py",
+    "integration/train/test_train_async.py",
+    "integration/train/test_train_learns.py",
+)
+"""Groups handed out first, longest first (from `--durations` of fresh-clone runs: 130-600 s
+each). xdist gives whole groups to whichever worker is free, in collection order, so a long
+group collected late runs alone at the end while the other worker idles."""
+
+
+def _group(item: pytest.Item) -> str:
+    relative = Path(item.path).relative_to(_ROOT).as_posix()
+    return "sandbox" if relative.startswith(_SANDBOX_USERS) else relative
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        relative = Path(item.path).relative_to(_ROOT).as_posix()
-        shares_uid = relative.startswith(_SANDBOX_USERS)
-        item.add_marker(pytest.mark.xdist_group("sandbox" if shares_uid else relative))
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    rank = {group: i for i, group in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_group(item), len(rank)))  # stable: the rest in order

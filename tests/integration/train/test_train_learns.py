@@ -8,9 +8,8 @@ synchronous loop composed by hand, so one learning test covers both (the synchro
 version measured 0.234 [0.141, 0.328] -> 0.891 [0.812, 0.969]; with trainer.lr=0 it failed,
 0.172 [0.094, 0.266] -> 0.281, as the asynchronous one does: +0.109 [-0.016, +0.234]).
 
-The LoRA test trains PiSSA adapters on the head instead of the logit scale, on larger batches
-(docs/lora.md): on 6 tasks x 4 samples per step it learned in most runs but not all (one CI run
-rose only 0.250 -> 0.336); on 8 x 8 it rose 0.23, 0.25, 0.28, 0.20 (run.seed 0-3).
+The LoRA version is `test_train_learns_lora.py` (a file of its own, so that the two longest
+tests of the suite run on different workers).
 """
 
 from pathlib import Path
@@ -29,24 +28,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.model]
 CONFIG = Path(__file__).resolve().parents[3] / "configs" / "lab_learns.yaml"
 START_SCALE = 0.36
 """Logit scale of the starting model: held-out pass@1 about 0.2-0.3 at horizon 1."""
-
-
-PISSA_HEAD = (
-    "trainer.train_only=[]",
-    "trainer.lora.enabled=true",
-    "trainer.lora.init=pissa",
-    "trainer.lora.target_modules=[lm_head]",
-    "trainer.lora.r=48",  # the head's rank: it reads the 48-dim output-code subspace
-    "trainer.lora.alpha=48",
-    "trainer.lr=3e-3",
-    "run.steps=12",
-    "run.tasks_per_step=8",
-    "run.group_size=8",
-    "run.eval_tasks=128",
-    "run.eval_samples_per_task=2",  # halves the evaluations' noise: lr 0 once read +0.10
-)
-"""PiSSA adapters on the head (docs/lora.md, `bench/lora_lab_learning.py`); LoRA's default
-initialisation did not learn here in ten tries."""
 
 
 def train_lab_model(tmp_path: Path, *overrides: str) -> tuple[TrainSummary, list[float]]:
@@ -72,14 +53,4 @@ def test_asynchronous_grpo_raises_held_out_pass_at_1_of_the_lab_model(tmp_path):
     why = (str(summary.accuracy_before), str(summary.accuracy_after), str(change), rewards)
     assert lag_max >= 1, "the producer ran ahead of the trainer"
     assert change.value >= 0.25, why
-    assert change.low > 0.0, why
-
-
-def test_a_lora_run_raises_held_out_pass_at_1_of_the_lab_model(tmp_path):
-    pytest.importorskip("peft", reason='peft is not installed (pip install "tir-rl[lora]")')
-    summary, rewards = train_lab_model(tmp_path, *PISSA_HEAD)
-    before, after, change = summary.accuracy_before, summary.accuracy_after, summary.accuracy_change
-    assert before is not None and after is not None and change is not None
-    why = (str(before), str(after), str(change), rewards)
-    assert change.value >= 0.12, why
     assert change.low > 0.0, why
