@@ -64,7 +64,9 @@ def send_library_output_to(path: Path) -> None:
     """Route library output of this process and of the processes it starts to `path`.
 
     Call before vLLM is imported (its logging configuration is read at import); the CLI does,
-    before it starts a command. Appends to `path`, so a resumed run keeps one file.
+    before it starts a command. Appends to `path`, so a resumed run keeps one file. The routing
+    lasts for the process (vLLM keeps the configuration it read): it is for a process that runs
+    one command, not for a library caller or a test process (`tir-rl -v` skips it).
     """
     global _library_log
     path = Path(path).resolve()

@@ -216,7 +216,9 @@ def test_sft_on_the_tiny_model_lowers_the_loss_and_saves_a_loadable_checkpoint(t
         "train.batch_tokens=1",
         "train.loss_probe_demos=6",
     ]
-    args = ["sft", "--config", str(CONFIG)] + [a for o in overrides for a in ("--set", o)]
+    # -v: the routing of library output (tir_rl/console.py) is for a process running one
+    # command; in this test process it would stay in place for the tests after this one.
+    args = ["-v", "sft", "--config", str(CONFIG)] + [a for o in overrides for a in ("--set", o)]
     assert main(args) == 0
     assert f"checkpoint: {out}" in capsys.readouterr().out
     info = json.loads((out / INFO_FILE).read_text())
