@@ -39,8 +39,6 @@ _library_log: Path | None = None
 """Where library output goes; None: nothing is routed (the terminal gets everything)."""
 
 _TIR_RL = "tir_rl"
-
-
 _PACKAGE_DIR = str(Path(__file__).resolve().parent)
 
 
@@ -53,11 +51,6 @@ class TerminalFilter(logging.Filter):
         # A captured warning names the file that raised it (or its caller's, by stacklevel).
         own_warning = record.name == "py.warnings" and _PACKAGE_DIR in record.getMessage()
         return own or own_warning or record.levelno >= logging.ERROR
-
-
-def library_log() -> Path | None:
-    """The file library output goes to in this process, or None when it is not routed."""
-    return _library_log
 
 
 def send_library_output_to(path: Path) -> None:
@@ -109,8 +102,8 @@ def _route_vllm_logging(path: Path) -> None:
     handle, name = tempfile.mkstemp(prefix="tir-rl-vllm-logging-", suffix=".json")
     with os.fdopen(handle, "w") as file:
         json.dump(config, file)
-    atexit.register(_remove_quietly, Path(name))
     config_path = Path(name)
+    atexit.register(_remove_quietly, config_path)
     os.environ["VLLM_CONFIGURE_LOGGING"] = "1"
     os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(config_path)
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tir_rl.chat.family import chat_template_of
+from tir_rl.chat.family import ChatFormatName, chat_template_of
 from tir_rl.errors import ChatFormatError
 from tir_rl.types import Message, Role, ToolCall
 
@@ -75,8 +75,6 @@ def probe_conversations(chat_format: ChatFormat) -> dict[str, tuple[Message, ...
     without its system message: a template that writes a default system prompt (Qwen2.5's
     "You are Qwen, created by Alibaba Cloud...") shows only there.
     """
-    from tir_rl.chat.family import ChatFormatName
-
     llama3 = chat_format.name is ChatFormatName.LLAMA3
     probe = PROBE_MESSAGES_ONE_CALL_PER_TURN if llama3 else PROBE_MESSAGES
     return {"probe conversation": probe, "probe without a system message": probe[1:]}

@@ -244,7 +244,7 @@ class Rank0Driver:
                     steps_done,
                     batch,
                     logprobs,
-                    advantages=plan.advantages if outcome.kept is not None else None,
+                    advantages=plan.advantages,
                     kept=outcome.kept,
                     weights=outcome.is_weights,
                     trained_version=trained_version,
