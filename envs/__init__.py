@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gymnasium
 
+from tir_rl.envs.agent_env import AgentEnv
 from tir_rl.envs.base import ResetInfo, Reward, Split, StepInfo, Task, ToolEnv
 from tir_rl.envs.checker import check_env
 
@@ -41,6 +42,7 @@ register_envs()
 
 __all__ = [
     "ENV_IDS",
+    "AgentEnv",
     "ResetInfo",
     "Reward",
     "Split",

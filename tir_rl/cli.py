@@ -1,4 +1,4 @@
-"""The `tir-rl` command line: train | eval | sft | rollout | doctor | sandbox | models.
+"""The `tir-rl` command line: train | eval | sft | rollout | serve | doctor | sandbox | models.
 
 Each subcommand is one `_cmd_*` function; heavy imports happen inside it, so `--help`
 is instant and nothing runs at import time.
@@ -154,6 +154,34 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import threading
+
+    from tir_rl.config import load
+    from tir_rl.endpoint import EndpointServer
+    from tir_rl.run_config import RunConfig
+    from tir_rl.runtime import open_runtime
+
+    config = load(RunConfig, args.config, args.set)
+    _route_library_output(args, _command_log("serve"))
+    with open_runtime(config) as runtime:
+        endpoint = runtime.rollout.chat_endpoint()
+        with EndpointServer(endpoint, host=args.host, port=args.port) as server:
+            print(
+                f"serving {runtime.model_path} ({endpoint.chat_format(()).name.value} chat "
+                f"format, temperature {endpoint.config.temperature}) at {server.url}/v1\n"
+                f"record an episode: base_url={server.url}/episodes/<id>/v1; its samples: "
+                f'POST {server.url}/episodes/<id>/finish {{"reward": r}}\n'
+                "Ctrl-C stops it",
+                flush=True,
+            )
+            try:
+                threading.Event().wait()
+            except KeyboardInterrupt:
+                print("stopped", flush=True)
+    return 0
+
+
 def _cmd_sft(args: argparse.Namespace) -> int:
     from tir_rl.sft import load_sft_config, run_sft
 
@@ -256,9 +284,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
     config = load(RunConfig, args.config, args.set)
     _route_library_output(args, _command_log("rollout"))
-    trajectories = play_episodes(
-        config, num=args.num, group_size=args.group_size, split=args.split
-    )
+    trajectories = play_episodes(config, num=args.num, group_size=args.group_size, split=args.split)
     for i, trajectory in enumerate(trajectories):
         print(format_trajectory(trajectory, index=i, max_chars=args.max_chars))
     print(RULE)
@@ -408,6 +434,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", metavar="FILE", help="output page (default: beside the source)")
     p.add_argument("--model", help="model whose tokenizer decodes the ids (default: the run's)")
     p.set_defaults(func=_cmd_view)
+
+    p = sub.add_parser(
+        "serve",
+        help="serve the config's model as an OpenAI-compatible endpoint that records tokens",
+        epilog="examples:\n  tir-rl serve --config configs/quickstart.yaml --port 8000\n"
+        "  then: OpenAI(base_url='http://127.0.0.1:8000/episodes/ep1/v1', api_key='-')\n"
+        "see docs/bring_your_agent.md\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", required=True, help="YAML run config (model, engine, chat, rollout)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="interface (no authentication: keep it local)"
+    )
+    p.add_argument("--port", type=int, default=8000, help="port (0: a free one)")
+    p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser(
         "doctor",

@@ -64,6 +64,7 @@ class Runtime:
         """Stop the engine and the sandbox pools."""
         from tir_rl import sandbox
 
+        self.rollout.close()
         self.engine.close()
         sandbox.shutdown()
 
@@ -85,11 +86,14 @@ def open_runtime(config: RunConfig) -> Iterator[Runtime]:
     sandbox.configure(config.sandbox)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     engine = MeteredEngine(build_engine(config.engine, model_path))
+    rollout = None
     try:
         rollout = Rollout(engine, tokenizer, config.rollout, chat_config=config.chat)
         runtime = Runtime(config, model_path, tokenizer, engine, rollout)
         yield runtime
     finally:
+        if rollout is not None:
+            rollout.close()
         engine.close()
         sandbox.shutdown()
 

@@ -128,6 +128,8 @@ class RolloutStatus(StrEnum):
     ERROR_TOOL = "error_tool"
     ERROR_ENGINE = "error_engine"
     ERROR_SANDBOX = "error_sandbox"
+    ERROR_AGENT = "error_agent"
+    """A harness agent (`tir_rl.rollout.harness`) raised instead of returning a reward."""
 
     @property
     def is_error(self) -> bool:
@@ -175,6 +177,10 @@ class Trajectory:
     that sampled it; `UNVERSIONED` (-1) for rendered tokens (loss mask 0). A trajectory
     spans several versions when the weights changed while it was played. Empty when no
     engine recorded them (trajectories built by hand, or saved before versions existed)."""
+    episode_id: int | None = None
+    """Set when an episode gave several samples (a harness agent whose history was not
+    append-only, `tir_rl.endpoint.samples`): its samples share it and the episode's reward,
+    and GRPO counts the episode once in its group. None: the trajectory is the episode."""
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
@@ -195,3 +201,21 @@ class Trajectory:
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form (for JSONL dumps)."""
         return dataclasses.asdict(self)
+
+
+def one_per_episode(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
+    """The first sample of each episode, in order (episode-level counts: rewards, pass@k).
+
+    Samples with the same `group_id` and `episode_id` are one episode; a trajectory without
+    an `episode_id` is an episode of its own.
+    """
+    seen: set[tuple[int, int]] = set()
+    kept = []
+    for t in trajectories:
+        if t.episode_id is not None:
+            key = (t.group_id, t.episode_id)
+            if key in seen:
+                continue
+            seen.add(key)
+        kept.append(t)
+    return kept

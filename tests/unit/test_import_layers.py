@@ -42,6 +42,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("envs", ("envs",)),
     ("chat", ("chat",)),
     ("engine", ("engine",)),
+    ("endpoint", ("endpoint",)),
     ("rollout", ("rollout",)),
     ("mismatch", ("mismatch",)),
     ("learning", ("trainer",)),

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from tir_rl.report.run_log import finite_or_none
-from tir_rl.types import Role, RolloutStatus, Trajectory
+from tir_rl.types import Role, RolloutStatus, Trajectory, one_per_episode
 
 DEFAULT_NUM_BOOTSTRAP = 1000
 DEFAULT_SEED = 0
@@ -250,7 +250,7 @@ def build_report(
     if not trajectories:
         raise ValueError("build_report needs at least one trajectory")
     groups: dict[int, list[Trajectory]] = defaultdict(list)
-    for t in trajectories:
+    for t in one_per_episode(trajectories):  # an agent episode's samples count once
         groups[t.group_id].append(t)
     samples = min(len(g) for g in groups.values())
     if not 1 <= k <= samples:
@@ -270,9 +270,10 @@ def build_report(
 
     at_1 = per_task(1)
 
-    num = len(trajectories)
+    episodes = one_per_episode(trajectories)
+    num = len(episodes)  # per episode; an agent episode's samples add their turns and calls
     num_calls = sum(t.num_tool_calls for t in trajectories)
-    statuses = Counter(str(t.status) for t in trajectories)
+    statuses = Counter(str(t.status) for t in episodes)
     return EvalReport(
         env_id=env_id,
         split=split,
@@ -281,7 +282,7 @@ def build_report(
         k=k,
         pass_at_1=estimate(at_1),
         pass_at_k=estimate(at_1 if k == 1 else per_task(k)),
-        mean_reward=sum(t.reward for t in trajectories) / num,
+        mean_reward=sum(t.reward for t in episodes) / num,
         mean_turns=sum(num_turns(t) for t in trajectories) / num,
         mean_tool_calls=num_calls / num,
         tool_error_rate=sum(t.num_tool_errors for t in trajectories) / num_calls

@@ -141,6 +141,7 @@ def trajectory_from_dict(data: Mapping[str, Any]) -> Trajectory:
         timings=EpisodeTimings(**data.get("timings", {})),
         error=data.get("error"),
         policy_versions=[int(v) for v in data.get("policy_versions", ())],
+        episode_id=None if data.get("episode_id") is None else int(data["episode_id"]),
     )
 
 

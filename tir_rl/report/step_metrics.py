@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tir_rl.types import one_per_episode
+
 if TYPE_CHECKING:
     import torch
 
@@ -23,10 +25,15 @@ if TYPE_CHECKING:
 
 
 def episode_row(trajectories: Sequence[Trajectory], *, prefix: str) -> dict[str, float]:
-    """`prefix/...` statistics of a batch of episodes: rewards, tokens, tool use, statuses."""
-    n = max(len(trajectories), 1)
-    rewards = [t.reward for t in trajectories]
-    statuses = Counter(str(t.status) for t in trajectories)
+    """`prefix/...` statistics of a batch of episodes: rewards, tokens, tool use, statuses.
+
+    Means are per episode: an agent episode's samples (`Trajectory.episode_id`) count once
+    for its reward and status, and their tokens and calls add up.
+    """
+    episodes = one_per_episode(trajectories)
+    n = max(len(episodes), 1)
+    rewards = [t.reward for t in episodes]
+    statuses = Counter(str(t.status) for t in episodes)
     row = {
         f"{prefix}/reward_mean": sum(rewards) / n,
         f"{prefix}/reward_max": max(rewards, default=0.0),
@@ -37,6 +44,8 @@ def episode_row(trajectories: Sequence[Trajectory], *, prefix: str) -> dict[str,
     }
     for status, count in statuses.items():
         row[f"{prefix}/status/{status}"] = count / n
+    if len(episodes) != len(trajectories):
+        row[f"{prefix}/samples_per_episode"] = len(trajectories) / n
     return {k: (v if math.isfinite(v) else float("nan")) for k, v in row.items()}
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from tir_rl.engine.base import FinishReason, GenerateRequest
+from tir_rl.envs.agent_env import AgentEnv
 from tir_rl.envs.episode import ResetInfo, StepInfo
 from tir_rl.errors import ConfigError, EnvironmentSpecError, SandboxError
 from tir_rl.types import (
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     import gymnasium
 
     from tir_rl.chat import ChatFormat, Conversation
+    from tir_rl.endpoint import EndpointServer
     from tir_rl.engine.base import Engine
 
 T = TypeVar("T")
@@ -78,6 +80,9 @@ class RolloutConfig:
     nothing is left or the env's answer would not fit."""
     tool_call_timeout_s: float | None = 60.0
     """Deadline of one `env.step` (all tool calls of a turn); overrun: `ERROR_TOOL`."""
+    agent_timeout_s: float | None = 600.0
+    """Deadline of one `AgentEnv` episode (the agent's whole run); overrun: `ERROR_AGENT`.
+    An agent episode may make at most `max_turns` chat completions."""
     reset_timeout_s: float | None = 120.0
     """Deadline of building, resetting and closing the env (sandbox start-up included)."""
     max_parse_errors: int = 4
@@ -108,7 +113,7 @@ class RolloutConfig:
                 raise ConfigError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_context_tokens is not None and self.max_context_tokens < 2:
             raise ConfigError("rollout.max_context_tokens must be >= 2 or null")
-        for name in ("tool_call_timeout_s", "reset_timeout_s"):
+        for name in ("tool_call_timeout_s", "reset_timeout_s", "agent_timeout_s"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"rollout.{name} must be > 0 or null, got {value}")
@@ -133,6 +138,10 @@ class EpisodeHost(Protocol):
 
     def chat_format_for(self, tool_schemas: Sequence[dict[str, Any]]) -> ChatFormat:
         """The chat format showing these tool schemas."""
+        ...
+
+    def agent_server(self) -> EndpointServer:
+        """The chat endpoint `AgentEnv` agents talk to (started on first use)."""
         ...
 
 
@@ -209,10 +218,17 @@ class Episode:
         self.env_hung = False
         self.conv: Conversation | None = None
         self.chat_format: ChatFormat | None = None
+        self.agent_samples: list[Trajectory] | None = None
+        """An `AgentEnv` episode's samples (None for a stepped env)."""
 
     # ------------------------------------------------------------------------- running
-    async def run(self) -> Trajectory:
-        """Play the episode to its end; never raises except on cancellation."""
+    async def run(self) -> list[Trajectory]:
+        """Play the episode to its end; never raises except on cancellation.
+
+        A stepped env gives one trajectory; an `AgentEnv` gives one per sample of its agent's
+        calls (several when its history was not append-only; none is empty: a failure with
+        no call gives one empty trajectory carrying the status).
+        """
         start = time.perf_counter()
         try:
             ending = await self._play()
@@ -224,7 +240,11 @@ class Episode:
         finally:
             await self._close_env()
         self.timings.total_s = time.perf_counter() - start
-        return self._trajectory(ending)
+        if self.agent_samples:
+            for sample in self.agent_samples:
+                sample.timings = self.timings
+            return self.agent_samples
+        return [self._trajectory(ending)]
 
     async def _play(self) -> _Ending:
         c = self.config
@@ -240,6 +260,8 @@ class Episode:
         except Exception as exc:  # noqa: BLE001 (one episode's env failure, not the batch's)
             self.env_hung = isinstance(exc, StepTimeoutError)
             return _env_failure(exc, "building or resetting the environment")
+        if isinstance(self.env, AgentEnv):
+            return await self._play_agent(info)
         self.chat_format = self.rollout.chat_format_for(schemas)
         self.conv = conv = self.chat_format.conversation(messages)
 
@@ -263,6 +285,23 @@ class Episode:
                 )
             conv.append_messages(env_messages)
         return _Ending(RolloutStatus.TRUNCATED_MAX_TURNS)
+
+    async def _play_agent(self, info: Mapping[str, Any]) -> _Ending:
+        from tir_rl.rollout.harness import play_agent_episode
+
+        t0 = time.perf_counter()
+        outcome = await play_agent_episode(
+            self.env,
+            info["agent_task"],
+            self.rollout.agent_server(),
+            group_id=self.spec.group_id,
+            episode_id=self.spec.sample_index,
+            timeout_s=self.config.agent_timeout_s,
+        )
+        self.timings.generate_s += time.perf_counter() - t0
+        self.reward = outcome.reward
+        self.agent_samples = outcome.samples
+        return _Ending(outcome.status, outcome.error)
 
     def _reset(self) -> tuple[Sequence[Message], Any]:
         return self.env.reset(seed=self.spec.task_seed, options=self.spec.options)
@@ -396,7 +435,7 @@ class Episode:
 def _tool_schemas(info: Any) -> list[dict[str, Any]]:
     """The tools of a reset info: a ToolEnv's (it has ``tools``); none for another env."""
     if isinstance(info, Mapping) and "tools" not in info:
-        return []
+        return []  # another gymnasium env, or an AgentEnv (its agent sends its own tools)
     return ResetInfo.from_info(info).tool_schemas
 
 

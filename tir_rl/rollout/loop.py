@@ -49,6 +49,7 @@ from tir_rl.types import Trajectory
 
 if TYPE_CHECKING:
     from tir_rl.chat.tokens import Tokenizer
+    from tir_rl.endpoint import ChatEndpoint, EndpointServer
     from tir_rl.engine.base import Engine
 
 __all__ = ["Rollout", "group_specs"]
@@ -95,6 +96,8 @@ class Rollout:
         self.max_context_tokens: int = wanted or engine_len
         """The context limit in force (the config's, or the engine's)."""
         self._formats: dict[str, ChatFormat] = {}
+        self._chat_endpoint: ChatEndpoint | None = None
+        self._agent_server: EndpointServer | None = None
         default_format = self.chat_format_for(())  # refuses an unsupported format up front
         self.stop_token_sequences: tuple[tuple[int, ...], ...] = ()
         """Multi-token stop sequences sent with every request."""
@@ -118,20 +121,76 @@ class Rollout:
             self._formats[key] = fmt
         return fmt
 
+    def chat_endpoint(self) -> ChatEndpoint:
+        """The chat endpoint over this loop's engine and chat format (built once).
+
+        It samples as `config` says: its temperature, `max_tokens_per_turn` per call unless
+        a request asks for fewer or more, the context limit, and at most `max_turns` calls
+        per episode.
+        """
+        if self._chat_endpoint is None:
+            from tir_rl.endpoint import ChatEndpoint, EndpointConfig
+
+            self._chat_endpoint = ChatEndpoint(
+                self.engine,
+                self.tokenizer,
+                chat_config=self.chat_config,
+                config=EndpointConfig(
+                    temperature=self.config.temperature,
+                    max_tokens_per_call=self.config.max_tokens_per_turn,
+                    max_context_tokens=self.max_context_tokens,
+                    max_calls_per_episode=self.config.max_turns,
+                ),
+            )
+        return self._chat_endpoint
+
+    def agent_server(self) -> EndpointServer:
+        """`chat_endpoint` served on loopback for `AgentEnv` agents (started on first use)."""
+        if self._agent_server is None:
+            from tir_rl.endpoint import EndpointServer
+
+            self._agent_server = EndpointServer(self.chat_endpoint())
+        return self._agent_server
+
+    def close(self) -> None:
+        """Stop the agents' endpoint, if one was started (idempotent)."""
+        if self._agent_server is not None:
+            self._agent_server.close()
+            self._agent_server = None
+
     # ---------------------------------------------------------------------- async API
     async def run_episode(self, spec: EpisodeSpec) -> Trajectory:
-        """Play one episode; failures become error statuses, never exceptions."""
+        """Play one episode of a stepped env; failures become error statuses, never exceptions.
+
+        Raises:
+            ConfigError: The env is an `AgentEnv` whose episode gave several samples (use
+                `run_episode_samples`).
+        """
+        samples = await self.run_episode_samples(spec)
+        if len(samples) != 1:
+            raise ConfigError(
+                f"the episode gave {len(samples)} samples (an AgentEnv whose history was not "
+                "append-only): call Rollout.run_episode_samples"
+            )
+        return samples[0]
+
+    async def run_episode_samples(self, spec: EpisodeSpec) -> list[Trajectory]:
+        """Play one episode: one trajectory, or an `AgentEnv` episode's samples."""
         return await Episode(self, spec).run()
 
     async def run_batch(self, specs: Sequence[EpisodeSpec]) -> list[Trajectory]:
-        """Play all episodes, at most `max_concurrent_episodes` at once; results in order."""
+        """Play all episodes, at most `max_concurrent_episodes` at once; results in order.
+
+        An `AgentEnv` episode's samples come together, at the episode's place.
+        """
         limit = asyncio.Semaphore(self.config.max_concurrent_episodes)
 
-        async def bounded(spec: EpisodeSpec) -> Trajectory:
+        async def bounded(spec: EpisodeSpec) -> list[Trajectory]:
             async with limit:
-                return await self.run_episode(spec)
+                return await self.run_episode_samples(spec)
 
-        return list(await asyncio.gather(*(bounded(s) for s in specs)))
+        episodes = await asyncio.gather(*(bounded(s) for s in specs))
+        return [t for samples in episodes for t in samples]
 
     async def run_group(
         self,

@@ -172,12 +172,13 @@ class RolloutProducer:
             self._idle.set()
 
     async def _play(self, ticket: GroupTicket, slots: asyncio.Semaphore) -> None:
-        async def one(spec: EpisodeSpec) -> Trajectory:
+        async def one(spec: EpisodeSpec) -> list[Trajectory]:
             async with slots:
-                return await self.rollout.run_episode(spec)
+                return await self.rollout.run_episode_samples(spec)
 
         try:
-            trajectories = await asyncio.gather(*(one(s) for s in self.group_specs(ticket.index)))
+            episodes = await asyncio.gather(*(one(s) for s in self.group_specs(ticket.index)))
+            trajectories = [t for samples in episodes for t in samples]
         except asyncio.CancelledError:
             self.buffer.abandon(ticket)  # stopped (replayed on resume), or dropped (no-op)
             raise

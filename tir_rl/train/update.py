@@ -66,7 +66,10 @@ def plan_step(
 
     rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
     groups = torch.tensor([t.group_id for t in trajectories], dtype=torch.long)
-    adv = group_advantages(rewards, groups, normalize_std=True)
+    episodes = torch.tensor(  # a trajectory without an episode id is an episode of its own
+        [i if t.episode_id is None else -1 - t.episode_id for i, t in enumerate(trajectories)]
+    )
+    adv = group_advantages(rewards, groups, episode_ids=episodes, normalize_std=True)
     # Episodes that sampled nothing (e.g. the env failed to reset) carry no gradient;
     # they still count in their group's baseline above, as the failures they are.
     sampled = [i for i, t in enumerate(trajectories) if t.num_model_tokens > 0]

@@ -1,0 +1,163 @@
+"""The HTTP face of `ChatEndpoint`: an OpenAI-compatible server (Starlette on uvicorn).
+
+Routes:
+
+- `POST /episodes/{id}/v1/chat/completions`: a completion recorded under episode `id`
+  (give an OpenAI client `base_url=<server>/episodes/<id>/v1`). `POST /v1/chat/completions`
+  records under the `X-Episode-Id` header, or under a new id returned in that header.
+- `GET /v1/models`, `GET /episodes/{id}/v1/models`: the served model.
+- `GET /episodes/{id}`: the calls recorded so far, in token ids.
+- `POST /episodes/{id}/finish` with `{"reward": r}` (optionally `"group_id"`): the
+  episode's training samples (`tir_rl.endpoint.samples`), after which the episode is
+  forgotten. This is how a harness in another process (or another Python environment)
+  hands its episodes to a trainer.
+- `GET /health`.
+
+`EndpointServer` runs the app in a daemon thread (its own event loop) on a free port, for
+a harness in the same process; `tir-rl serve` runs it in the foreground.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from tir_rl.endpoint.openai_chat import RequestError
+from tir_rl.endpoint.recorder import UnknownEpisodeError
+from tir_rl.endpoint.samples import samples_from_calls
+from tir_rl.errors import SetupError, TirError
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+
+    from tir_rl.endpoint.chat_endpoint import ChatEndpoint
+
+__all__ = ["EndpointServer", "build_app"]
+
+EPISODE_HEADER = "x-episode-id"
+
+
+def build_app(endpoint: ChatEndpoint) -> Starlette:
+    """The ASGI app serving `endpoint`."""
+    try:
+        from starlette.applications import Starlette
+        from starlette.responses import JSONResponse
+        from starlette.routing import Route
+    except ImportError as exc:  # pragma: no cover (vLLM brings starlette)
+        raise SetupError(
+            "the endpoint needs starlette and uvicorn: pip install 'tir-rl[serve]'"
+        ) from exc
+
+    def error(exc: RequestError) -> JSONResponse:
+        return JSONResponse(exc.to_json(), status_code=exc.status)
+
+    async def read_json(request: Request) -> Any:
+        try:
+            return json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise RequestError(f"the request body is not JSON: {exc}") from exc
+
+    async def completions(request: Request) -> JSONResponse:
+        episode_id = (
+            request.path_params.get("episode_id")
+            or request.headers.get(EPISODE_HEADER)
+            or uuid.uuid4().hex[:16]
+        )
+        try:
+            body = await endpoint.complete(episode_id, await read_json(request))
+        except RequestError as exc:
+            return error(exc)
+        return JSONResponse(body, headers={EPISODE_HEADER: episode_id})
+
+    async def models(request: Request) -> JSONResponse:
+        entry = {"id": endpoint.model_name, "object": "model", "created": 0, "owned_by": "tir-rl"}
+        return JSONResponse({"object": "list", "data": [entry]})
+
+    async def episode(request: Request) -> JSONResponse:
+        calls = endpoint.recorder.calls(request.path_params["episode_id"])
+        return JSONResponse({"calls": [c.to_json() for c in calls]})
+
+    async def finish(request: Request) -> JSONResponse:
+        episode_id = request.path_params["episode_id"]
+        try:
+            data = await read_json(request)
+            reward = data.get("reward") if isinstance(data, dict) else None
+            if not isinstance(reward, int | float) or not math.isfinite(reward):
+                raise RequestError("finish needs {'reward': <finite number>}", param="reward")
+            group_id = int(data.get("group_id", 0))
+            calls = endpoint.recorder.take(episode_id)
+        except RequestError as exc:
+            return error(exc)
+        except UnknownEpisodeError as exc:
+            return error(RequestError(str(exc), status=404))
+        samples = samples_from_calls(calls, reward=float(reward), group_id=group_id)
+        return JSONResponse({"samples": [s.to_dict() for s in samples]})
+
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", completions, methods=["POST"]),
+            Route("/episodes/{episode_id}/v1/chat/completions", completions, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/episodes/{episode_id}/v1/models", models, methods=["GET"]),
+            Route("/episodes/{episode_id}", episode, methods=["GET"]),
+            Route("/episodes/{episode_id}/finish", finish, methods=["POST"]),
+            Route("/health", health, methods=["GET"]),
+        ]
+    )
+
+
+class EndpointServer:
+    """`build_app(endpoint)` served by uvicorn in a daemon thread; a context manager.
+
+    Args:
+        endpoint: What to serve.
+        host: Interface to bind (loopback by default: the endpoint has no authentication).
+        port: 0 picks a free port (`url` tells which).
+    """
+
+    def __init__(self, endpoint: ChatEndpoint, *, host: str = "127.0.0.1", port: int = 0) -> None:
+        import uvicorn
+
+        self.endpoint = endpoint
+        config = uvicorn.Config(
+            build_app(endpoint), host=host, port=port, log_level="warning", lifespan="off"
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, name="tir-rl-endpoint", daemon=True
+        )
+        self._thread.start()
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise TirError(
+                    f"the endpoint could not listen on {host}:{port} (see the log above): "
+                    "choose another port"
+                )
+            self._thread.join(timeout=0.02)
+        sockets = self._server.servers[0].sockets
+        bound_host, bound_port = sockets[0].getsockname()[:2]
+        self.url = f"http://{bound_host}:{bound_port}"
+        """The server's root URL (`<url>/v1` is an OpenAI base URL)."""
+
+    def episode_base_url(self, episode_id: str) -> str:
+        """The OpenAI base URL that records under `episode_id`."""
+        return f"{self.url}/episodes/{episode_id}/v1"
+
+    def close(self) -> None:
+        """Stop serving and join the thread (idempotent)."""
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> EndpointServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,88 @@
+"""One `AgentEnv` episode: the user's agent plays it through the run's chat endpoint.
+
+The agent gets an `openai.AsyncOpenAI` client whose base URL records under a key of its
+own (`EndpointServer.episode_base_url`); when it returns its reward (or raises, or overruns
+`rollout.agent_timeout_s`), the calls recorded under that key become the episode's samples
+(`tir_rl.endpoint.samples_from_calls`). Every sample carries the episode's reward, and
+`episode_id` ties the samples of one episode together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tir_rl.endpoint import samples_from_calls
+from tir_rl.errors import SetupError
+from tir_rl.types import RolloutStatus, Trajectory
+
+if TYPE_CHECKING:
+    from tir_rl.endpoint import EndpointServer
+    from tir_rl.envs.agent_env import AgentEnv
+    from tir_rl.envs.episode import Task
+
+__all__ = ["AgentOutcome", "play_agent_episode"]
+
+
+@dataclass(frozen=True)
+class AgentOutcome:
+    """What an agent episode gave."""
+
+    samples: list[Trajectory]
+    """The training samples (empty when the agent made no call)."""
+    reward: float
+    status: RolloutStatus
+    error: str | None
+    num_calls: int
+
+
+async def play_agent_episode(
+    env: AgentEnv,
+    task: Task,
+    server: EndpointServer,
+    *,
+    group_id: int,
+    episode_id: int,
+    timeout_s: float | None,
+) -> AgentOutcome:
+    """Run `env.agent` on `task` against `server`; failures become statuses, never raises."""
+    try:
+        import openai
+    except ImportError as exc:  # vLLM depends on openai, so a set-up machine has it
+        raise SetupError("AgentEnv needs the openai package: pip install openai") from exc
+    key = f"g{group_id}-e{episode_id}-{uuid.uuid4().hex[:8]}"
+    client = openai.AsyncOpenAI(
+        base_url=server.episode_base_url(key), api_key="tir-rl", max_retries=0, timeout=None
+    )
+    reward, status, error = 0.0, RolloutStatus.FINISHED, None
+    try:
+        value: Any = await asyncio.wait_for(env.agent(client, task), timeout_s)
+        reward = _reward(value)
+    except TimeoutError:
+        status = RolloutStatus.ERROR_AGENT
+        error = f"the agent did not return within rollout.agent_timeout_s={timeout_s} s"
+    except Exception as exc:  # noqa: BLE001 (one episode's agent failure, not the batch's)
+        if server.endpoint.recorder.was_cut(key):
+            status = RolloutStatus.TRUNCATED_MAX_TURNS
+            error = f"the agent made more calls than rollout.max_turns allows ({exc})"
+        else:
+            status = RolloutStatus.ERROR_AGENT
+            error = f"the agent raised {type(exc).__name__}: {exc}"
+    finally:
+        await client.close()
+    calls = server.endpoint.recorder.calls(key)
+    server.endpoint.recorder.discard(key)
+    samples = samples_from_calls(
+        calls, reward=reward, group_id=group_id, episode_id=episode_id, status=status, error=error
+    )
+    num_calls = len({c.call_index for c in calls})
+    return AgentOutcome(samples, reward, status, error, num_calls)
+
+
+def _reward(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise TypeError(f"the agent must return a finite number (the reward), got {value!r}")
+    return float(value)
