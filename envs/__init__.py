@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import gymnasium
 
-from tir_rl.envs.agent_env import AgentEnv
+from tir_rl.envs.agent_env import AgentEnv, CommandAgentEnv
 from tir_rl.envs.base import ResetInfo, Reward, Split, StepInfo, Task, ToolEnv
 from tir_rl.envs.checker import check_env
 
@@ -43,6 +43,7 @@ register_envs()
 __all__ = [
     "ENV_IDS",
     "AgentEnv",
+    "CommandAgentEnv",
     "ResetInfo",
     "Reward",
     "Split",

@@ -22,7 +22,7 @@ import gymnasium
 from tir_rl.envs.episode import Split, Task
 from tir_rl.errors import ConfigError, EnvironmentSpecError
 
-__all__ = ["AgentEnv"]
+__all__ = ["AgentEnv", "CommandAgentEnv"]
 
 
 class AgentEnv(gymnasium.Env[list[Any], Any]):
@@ -100,3 +100,92 @@ class AgentEnv(gymnasium.Env[list[Any], Any]):
             f"{type(self).__name__} is an AgentEnv: its episodes are played by its agent() "
             "through the chat endpoint, not stepped"
         )
+
+
+class CommandAgentEnv(AgentEnv):
+    """Episodes played by an external command: a harness in any language or Python environment.
+
+    For each episode tir-rl runs `Config.command` with ``{base_url}``, ``{split}`` and
+    ``{index}`` replaced (the episode's OpenAI base URL, the split, the task index), and also
+    writes those three as a JSON object to its standard input. The command owns its tasks
+    (``index`` picks one of the split's), talks to the model only through the base URL, and
+    prints its reward on the last line of its standard output: a number, or a JSON object
+    with a ``"reward"`` key. A non-zero exit status or a last line that is not a reward ends
+    the episode with `error_agent`, with the end of its standard error in the message. The
+    process is killed when the episode is cancelled or overruns `rollout.agent_timeout_s`.
+    """
+
+    @dataclass(kw_only=True)
+    class Config(AgentEnv.Config):
+        """Options (from the run config's `env.kwargs`)."""
+
+        command: list[str] = dataclasses.field(default_factory=list)
+        """The argv to run, e.g. ``[".venv-vf/bin/python", "play.py", "{base_url}",
+        "{index}"]``; placeholders are replaced in every argument."""
+
+        def validate(self) -> None:
+            """Raise `ConfigError` naming the bad field."""
+            super().validate()
+            if not self.command or not all(isinstance(a, str) for a in self.command):
+                raise ConfigError(
+                    "CommandAgentEnv needs env.kwargs.command: a list of strings (the argv), "
+                    "e.g. [python, play.py, '{base_url}', '{index}']"
+                )
+
+    config: Config
+
+    def generate_task(self, index: int) -> Task:
+        """A placeholder task: the command picks the real one from its index."""
+        return Task(f"{self.split.value}-{index}", "", "", self.split, 1, {"index": index})
+
+    async def agent(self, client: Any, task: Task) -> float:
+        """Run the command for `task`'s index against the client's base URL; its reward."""
+        import asyncio
+        import json
+
+        values = {
+            "base_url": str(client.base_url).rstrip("/"),
+            "split": self.split.value,
+            "index": str(task.data["index"]),
+        }
+        argv = [_substitute(arg, values) for arg in self.config.command]
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            stdout, stderr = await proc.communicate(json.dumps(values).encode())
+        finally:
+            if proc.returncode is None:  # cancelled or timed out: leave nothing running
+                proc.kill()
+                await proc.wait()
+        err_tail = stderr.decode(errors="replace").strip()[-800:]
+        if proc.returncode != 0:
+            raise RuntimeError(f"{argv[0]} exited with status {proc.returncode}: {err_tail}")
+        lines = stdout.decode(errors="replace").strip().splitlines()
+        return _reward_line(lines[-1] if lines else "", argv[0], err_tail)
+
+
+def _substitute(arg: str, values: dict[str, str]) -> str:
+    for key, value in values.items():
+        arg = arg.replace("{" + key + "}", value)
+    return arg
+
+
+def _reward_line(line: str, program: str, err_tail: str) -> float:
+    import json
+
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError:
+        value = None
+    if isinstance(value, dict):
+        value = value.get("reward")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(
+            f"{program} must print its reward (a number or {{\"reward\": r}}) on the last line "
+            f"of its standard output; the last line was {line[-200:]!r}. stderr: {err_tail}"
+        )
+    return float(value)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ import torch
 from test_endpoint import TOOLS, FakeTextEngine
 from transformers import AutoTokenizer
 
-from tir_rl.envs import AgentEnv, Split, Task
+from tir_rl.envs import AgentEnv, CommandAgentEnv, Split, Task
+from tir_rl.errors import ConfigError
 from tir_rl.models import prepare_bundled_model
 from tir_rl.report.eval_stats import build_report
 from tir_rl.report.step_metrics import episode_row
@@ -174,3 +176,60 @@ def test_the_openai_sdk_example_runs_its_tool_and_scores_the_answer(tokenizer, m
     assert trajectory.num_tool_calls == 1
     tool_turn = [m for m in trajectory.messages if m.role == Role.TOOL]
     assert [m.content for m in tool_turn] == [task.answer]
+
+
+HARNESS = str(Path(__file__).with_name("external_harness.py"))
+
+
+def command_env(mode: str) -> type[AgentEnv]:
+    class Harness(CommandAgentEnv):
+        def __init__(self, **overrides: Any) -> None:
+            command = [sys.executable, HARNESS, mode, "{base_url}", "{index}"]
+            super().__init__(command=command, **overrides)
+
+    return Harness
+
+
+def test_an_external_command_plays_through_the_endpoint_and_prints_its_reward(tokenizer):
+    rollout = rollout_for(tokenizer, ["yes, done.", "no."])
+    trajectories = play(rollout, command_env("ok"), group_size=2)
+    assert [t.reward for t in trajectories] == [1.0, 0.25]
+    assert all(t.status == RolloutStatus.FINISHED for t in trajectories)
+    assert "Task 0 of the train split." in tokenizer.decode(trajectories[0].prompt_ids)
+    assert all(t.num_model_tokens > 0 for t in trajectories)
+
+
+@pytest.mark.parametrize(
+    ("mode", "says"),
+    [
+        ("fail", "exited with status 3: the harness broke on purpose"),
+        ("garbage", "must print its reward"),
+    ],
+)
+def test_a_command_that_fails_ends_its_episode_with_the_reason(tokenizer, mode, says):
+    rollout = rollout_for(tokenizer, ["yes."])
+    (trajectory,) = play(rollout, command_env(mode), group_size=1)
+    assert trajectory.status == RolloutStatus.ERROR_AGENT
+    assert says in (trajectory.error or "")
+    assert trajectory.num_model_tokens > 0  # its call is kept, with reward 0
+
+
+def test_a_command_past_its_deadline_is_killed(tokenizer):
+    import psutil
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    rollout = rollout_for(tokenizer, ["yes."], agent_timeout_s=5)
+    (trajectory,) = play(rollout, command_env("sleep"), group_size=1)
+    assert trajectory.status == RolloutStatus.ERROR_AGENT
+    assert "agent_timeout_s=5" in (trajectory.error or "")
+    left = [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if p.pid not in before and HARNESS in " ".join(p.cmdline())
+    ]
+    assert left == []
+
+
+def test_a_command_env_without_a_command_is_refused():
+    with pytest.raises(ConfigError, match="needs env.kwargs.command"):
+        CommandAgentEnv()
