@@ -155,6 +155,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    import signal
     import threading
 
     from tir_rl.config import load
@@ -164,6 +165,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     config = load(RunConfig, args.config, args.set)
     _route_library_output(args, _command_log("serve"))
+    # Python leaves Ctrl-C ignored when its launcher ignored it (a script's background job);
+    # the server is stopped with it, so take it back.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with open_runtime(config) as runtime:
         endpoint = runtime.rollout.chat_endpoint()
         with EndpointServer(endpoint, host=args.host, port=args.port) as server:
