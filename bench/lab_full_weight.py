@@ -1,0 +1,134 @@
+"""Does the written lab model survive RL on more than its logit scale? (docs/lab_model.md)
+
+`make train`'s config (configs/lab.yaml: horizon 4, 8 tasks x 8 samples) with
+`trainer.train_only` widened from `model.norm.weight` to every weight, or to one group of
+them, at AdamW learning rates the issue calls ordinary (1e-5 to 3e-4) and below. Each run's
+small record (config, metrics, evaluations) is kept in bench/lab_full_weight_records/.
+
+    python bench/lab_full_weight.py --report            # the table, from the kept records
+    python bench/lab_full_weight.py --report --weights  # and the lab model's weight sizes
+    python bench/lab_full_weight.py --run NAME --core C  # rerun one (about 5-9 minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RECORDS = HERE / "lab_full_weight_records"
+
+RUNS: dict[str, tuple[str, ...]] = {
+    "lab-full-lr1e-4": ("trainer.train_only=[]", "trainer.lr=1e-4"),
+    "lab-full-lr3e-5": ("trainer.train_only=[]", "trainer.lr=3e-5"),
+    "lab-full-lr1e-5": ("trainer.train_only=[]", "trainer.lr=1e-5", "run.steps=4"),
+    "lab-full-lr1e-6": ("trainer.train_only=[]", "trainer.lr=1e-6", "run.steps=4"),
+    "lab-vocab-lr1e-5": (
+        "trainer.train_only=[lm_head.weight,model.embed_tokens.weight]",
+        "trainer.lr=1e-5",
+        "run.steps=2",
+    ),
+    "lab-layers-lr1e-5": ("trainer.train_only=[model.layers.*]", "trainer.lr=1e-5", "run.steps=2"),
+}
+"""Each run's settings on top of configs/lab.yaml (run.seed 0)."""
+
+
+def run(name: str, core: int | None) -> None:
+    """Train one run of `RUNS` and keep its record."""
+    env = dict(os.environ)
+    prefix: list[str] = []
+    if core is not None:
+        env |= {"VLLM_CPU_OMP_THREADS_BIND": str(core), "OMP_NUM_THREADS": "1"}
+        prefix = ["taskset", "-c", str(core)]
+    with tempfile.TemporaryDirectory() as tmp:
+        sets = [*RUNS[name], f"run.name={name}", f"run.out_dir={tmp}"]
+        command = [*prefix, sys.executable, "-m", "tir_rl.cli", "train", "--config"]
+        command += [str(ROOT / "configs" / "lab.yaml")]
+        for item in sets:
+            command += ["--set", item]
+        subprocess.run(command, check=True, env=env)
+        out = RECORDS / name
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        for path in Path(tmp, name).glob("*"):
+            if path.name in ("config.yaml", "metrics.jsonl") or path.name.startswith("eval_step_"):
+                shutil.copy(path, out / path.name)
+
+
+def report() -> str:
+    """One row per kept run: what trained, lr, reward per step, held-out pass@1 before/after."""
+    lines = [
+        "| run | trains | lr | grad norm at step 1 | rollout reward per step | "
+        "completion tokens per step | held-out pass@1 before -> after |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in RUNS:
+        folder = RECORDS / name
+        rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        settings = dict(item.split("=", 1) for item in RUNS[name])
+        rewards = [r["rollout/reward_mean"] for r in rows if "rollout/reward_mean" in r]
+        tokens = [r["rollout/completion_tokens_mean"] for r in rows if "rollout/reward_mean" in r]
+        grad = next(r["train/grad_norm"] for r in rows if r.get("train/grad_norm") is not None)
+        evals = sorted(folder.glob("eval_step_*.json"), key=lambda p: int(p.stem.split("_")[-1]))
+        first, last = (json.loads(p.read_text())["pass_at_1"] for p in (evals[0], evals[-1]))
+        lines.append(
+            f"| {name} | {_trains(settings['trainer.train_only'])} | "
+            f"{settings['trainer.lr']} | {grad:.1f} | "
+            + " ".join(f"{x:.2f}" for x in rewards)
+            + " | "
+            + " ".join(f"{x:.0f}" for x in tokens)
+            + f" | {first['value']:.3f} -> {last['value']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def _trains(train_only: str) -> str:
+    return "every weight" if train_only == "[]" else train_only.strip("[]").replace(",", ", ")
+
+
+def weights() -> str:
+    """Size and sparsity of every weight of the default lab model (built in seconds)."""
+    from safetensors.torch import load_file
+
+    from tir_rl.lab_model import LabModelSpec
+    from tir_rl.models import prepare_lab_model
+
+    lines = ["| weight | shape | max abs | rms | nonzero |", "|---|---|---|---|---|"]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = prepare_lab_model(LabModelSpec(), Path(tmp) / "lab")
+        state = {}
+        for path in sorted(folder.glob("*.safetensors")):
+            state |= load_file(path)
+    for name, tensor in state.items():
+        t = tensor.float()
+        lines.append(
+            f"| {name} | {tuple(t.shape)} | {t.abs().max().item():.3g} | "
+            f"{t.pow(2).mean().sqrt().item():.3g} | {(t != 0).float().mean().item():.4f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:  # noqa: D103
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--report", action="store_true", help="print the table from the records")
+    parser.add_argument("--run", choices=sorted(RUNS), help="rerun one and keep its record")
+    parser.add_argument("--core", type=int, help="keep the run on this core")
+    parser.add_argument("--weights", action="store_true", help="also the lab model's weights")
+    args = parser.parse_args()
+    if args.run:
+        run(args.run, args.core)
+    print(report())
+    if args.weights:
+        print()
+        print(weights())
+
+
+if __name__ == "__main__":
+    main()
