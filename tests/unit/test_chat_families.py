@@ -466,3 +466,72 @@ def test_a_template_that_trims_escapes_or_quotes_tool_output_is_refused(rewrite)
     config = ChatFormat.Config(format=ChatFormatName.TEMPLATE)
     with pytest.raises(ChatFormatError, match="changes message contents"):
         ChatFormat(qwen_tokenizer(rewriting), config=config)
+
+
+# ------------------------------------------------------------- llama3: Meta's layouts
+META_PREAMBLE = (
+    "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+    "Environment: ipython\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
+)
+META_TOOL = '{\n    "type": "function",\n    "function": {\n        "name": "add"\n    }\n}\n\n'
+META_FORMAT = (
+    'Respond in the format {"name": function name, "parameters": dictionary of argument name '
+    "and its value}.Do not use variables.\n\n"
+)
+META_REST = (
+    "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    '{"name": "add", "parameters": {"a": 2, "b": 3}}<|eot_id|>'
+    "<|start_header_id|>ipython<|end_header_id|>\n\n5<|eot_id|>"
+    "<|start_header_id|>assistant<|end_header_id|>\n\nThe answer is 5.<|eot_id|>"
+)
+
+
+def meta(llama_tok, layout, **config):
+    return ChatFormat(
+        llama_tok,
+        tool_schemas=[TINY_SCHEMA],
+        config=ChatFormat.Config(format="llama3", llama3_layout=layout, **config),
+    )
+
+
+def test_llama3_meta_user_layout_puts_the_preamble_and_the_tools_where_meta_does(llama_tok):
+    text = meta(llama_tok, "meta_user").render_text(CALCULATOR)
+    assert text == (
+        META_PREAMBLE + "You are a calculator.<|eot_id|><|start_header_id|>user<|end_header_id|>"
+        "\n\nGiven the following functions, please respond with a JSON for a function call with "
+        "its proper arguments that best answers the given prompt.\n\n"
+        + META_FORMAT
+        + META_TOOL
+        + "What is 2+3?<|eot_id|>"
+        + META_REST
+    )
+
+
+def test_llama3_meta_system_layout_puts_the_tools_in_the_system_turn(llama_tok):
+    text = meta(llama_tok, "meta_system", llama3_date="01 Jan 2025").render_text(CALCULATOR)
+    assert text == (
+        META_PREAMBLE.replace("26 Jul 2024", "01 Jan 2025")
+        + "You have access to the following functions. To call a function, please respond with "
+        "JSON for a function call." + META_FORMAT + META_TOOL + "You are a calculator.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+3?<|eot_id|>" + META_REST
+    )
+
+
+@pytest.mark.parametrize("layout", ["meta_user", "meta_system"])
+def test_llama3_meta_layouts_stay_append_only(llama_tok, layout):
+    fmt = meta(llama_tok, layout)
+    for conversation in (CALCULATOR, CALCULATOR[1:], list(PROBE_MESSAGES)):
+        diff = compare_incremental_with_full(conversation, chat_format=fmt)
+        assert diff.equal, diff.describe()
+    no_tools = ChatFormat(llama_tok, config=ChatFormat.Config(llama3_layout="meta_user"))
+    assert no_tools.render_text([Message.user("Hi.")]).startswith(
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+        "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|>"
+    )
+
+
+def test_llama3_layout_refusals(smol, llama_tok):
+    with pytest.raises(ChatFormatError, match="first message after the system turn is 'assistant'"):
+        meta(llama_tok, "meta_user").render_text([Message.system("s"), Message.assistant("Hello.")])
+    with pytest.raises(ChatFormatError, match="applies to chat.format=llama3"):
+        ChatFormat(smol, config=ChatFormat.Config(llama3_layout="meta_user"))

@@ -44,6 +44,20 @@ class ChatFormatName(StrEnum):
     """The tokenizer's own `chat_template`, after a start-up append-only check."""
 
 
+class Llama3Layout(StrEnum):
+    """Where the `llama3` family puts its tool block (`chat.llama3_layout`)."""
+
+    COMPACT = "compact"
+    """tir-rl's: the system text, then a short `# Tools` block, one schema per line."""
+    META_USER = "meta_user"
+    """Meta's Llama 3.1 template with its defaults: the system turn opens with its preamble
+    (`Environment: ipython` when there are tools, the knowledge cutoff, the date), and the
+    tools, with Meta's instructions and one indented schema each, open the first user turn."""
+    META_SYSTEM = "meta_system"
+    """Meta's template with `tools_in_user_message=False`: the same preamble, then the tools
+    with Meta's system-turn instructions, then the system text."""
+
+
 def special_token_id(tokenizer: Tokenizer, token: str) -> int | None:
     """Id of `token` when the tokenizer encodes it as that one token, else None."""
     token_id = tokenizer.convert_tokens_to_ids(token)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from tir_rl.chat.conversation import Conversation
-from tir_rl.chat.family import ChatFormatName, resolve_format
+from tir_rl.chat.family import ChatFormatName, Llama3Layout, resolve_format
 from tir_rl.chat.parse import ParsedTurn, assistant_message, parse_assistant_text
 from tir_rl.chat.tokens import Piece, Text, Tokenizer, tokenize_pieces
 from tir_rl.errors import ChatFormatError
@@ -85,6 +85,15 @@ class ChatFormat:
         `enable_thinking=False`, so the model answers without reasoning. True: the model
         decides, as the template's default. None: not set. Honoured by `qwen` and by a
         `template` whose text reads `enable_thinking`; refused by the other families."""
+        llama3_layout: Llama3Layout | None = None
+        """Where `llama3` puts its tools: `compact` (None: tir-rl's tool block at the end of
+        the system turn), `meta_user` (Meta's Llama 3.1 template: its system preamble, the
+        tools in the first user turn) or `meta_system` (Meta's with
+        `tools_in_user_message=False`). Refused by the other families."""
+        llama3_date: str = "26 Jul 2024"
+        """The `Today Date:` of the Meta layouts. Meta's template writes this date when it
+        cannot read the clock; rendered through transformers it writes the day of rendering
+        (`strftime_now`), so set it to match a conversation rendered that way."""
 
     name: ClassVar[ChatFormatName]
     """The family."""
@@ -126,6 +135,11 @@ class ChatFormat:
                 f"chat.enable_thinking={self.config.enable_thinking} but the {self.name.value!r} "
                 "chat format has no thinking switch (Qwen3's): use chat.format=qwen, or "
                 "template with a chat_template that reads enable_thinking, or leave it unset."
+            )
+        if self.config.llama3_layout is not None and self.name is not ChatFormatName.LLAMA3:
+            raise ChatFormatError(
+                f"chat.llama3_layout={self.config.llama3_layout} applies to chat.format="
+                f"llama3, not {self.name.value!r}: leave it unset."
             )
         self.end_of_turn_id: int = self._end_of_turn_id()
         """Closes every turn; sampled by the model to end its turn."""

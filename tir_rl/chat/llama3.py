@@ -13,9 +13,10 @@ Llama's built-in tools) also stops sampling when the tokenizer has it.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from tir_rl.chat.family import ChatFormatName, special_token_id
+from tir_rl.chat.family import ChatFormatName, Llama3Layout, special_token_id
 from tir_rl.chat.parse import (
     ParsedTurn,
     ParseErrorKind,
@@ -27,7 +28,7 @@ from tir_rl.chat.parse import (
 from tir_rl.chat.tokens import Piece, Text
 from tir_rl.chat.turns import TurnFormat
 from tir_rl.errors import ChatFormatError
-from tir_rl.types import Message, ToolCall
+from tir_rl.types import Message, Role, ToolCall
 
 __all__ = ["Llama3Format", "parse_json_calls"]
 
@@ -46,6 +47,22 @@ LLAMA3_TOOL_INSTRUCTIONS = (
     "{tools}"
 )
 """The tool block of the `llama3` family (Llama 3.1's JSON tool-calling style)."""
+
+META_CALL_FORMAT = (
+    'Respond in the format {"name": function name, "parameters": dictionary of argument name '
+    "and its value}.Do not use variables.\n\n"
+)
+META_SYSTEM_TOOLS = (
+    "You have access to the following functions. To call a function, please respond with JSON "
+    "for a function call." + META_CALL_FORMAT
+)
+"""Meta's tool instructions in the system turn (`llama3_layout: meta_system`)."""
+META_USER_TOOLS = (
+    "Given the following functions, please respond with a JSON for a function call with its "
+    "proper arguments that best answers the given prompt.\n\n" + META_CALL_FORMAT
+)
+"""Meta's tool instructions in the first user turn (`llama3_layout: meta_user`)."""
+META_KNOWLEDGE_CUTOFF = "Cutting Knowledge Date: December 2023\n"
 
 JSON_CALL_HINT = (
     "Answer with only the call, as one JSON object:\n"
@@ -84,6 +101,49 @@ class Llama3Format(TurnFormat):
     def _header(self, role: str) -> list[Piece]:
         ids = self.special_ids
         return [ids[START_HEADER], Text(role), ids[END_HEADER], Text("\n\n")]
+
+    @property
+    def meta_layout(self) -> bool:
+        """Whether the conversation is laid out as Meta's Llama 3.1 template lays it out."""
+        return self.config.llama3_layout in (Llama3Layout.META_USER, Llama3Layout.META_SYSTEM)
+
+    def system_text(self, content: str | None) -> str | None:
+        """The system turn; in a Meta layout, its preamble first (the turn is always there)."""
+        if not self.meta_layout:
+            return super().system_text(content)
+        text = "Environment: ipython\n" if self.tool_schemas else ""
+        text += META_KNOWLEDGE_CUTOFF + f"Today Date: {self.config.llama3_date}\n\n"
+        if self.tool_schemas and self.config.llama3_layout == Llama3Layout.META_SYSTEM:
+            text += META_SYSTEM_TOOLS + self._indented_tools()
+        return text + (content or "").strip()
+
+    @property
+    def tools_in_first_user_turn(self) -> bool:
+        """Whether the tools open the first user turn (`meta_user`, with tools)."""
+        return self.config.llama3_layout == Llama3Layout.META_USER and bool(self.tool_schemas)
+
+    def first_message_text(self, message: Message) -> str:
+        """In the `meta_user` layout with tools, the tools open the first user turn."""
+        if not self.tools_in_first_user_turn:
+            return message.content
+        return META_USER_TOOLS + self._indented_tools() + message.content.strip()
+
+    def _conversation_pieces(
+        self, messages: Sequence[Message], generation_prompt: bool, continue_final: bool
+    ) -> list[Piece]:
+        first = next((m for m in messages if m.role != Role.SYSTEM), None)
+        if self.tools_in_first_user_turn and first is not None and first.role != Role.USER:
+            raise ChatFormatError(
+                "chat.llama3_layout=meta_user puts the tools in the first user turn, but the "
+                f"conversation's first message after the system turn is {first.role.value!r}: "
+                "start it with a user message, or use llama3_layout meta_system"
+            )
+        return super()._conversation_pieces(messages, generation_prompt, continue_final)
+
+    def _indented_tools(self) -> str:
+        return "".join(
+            json.dumps(s, ensure_ascii=False, indent=4) + "\n\n" for s in self.tool_schemas
+        )
 
     def _tool_results_body(self, results: Any) -> str:
         (result,) = results  # never grouped

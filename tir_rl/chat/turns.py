@@ -113,7 +113,13 @@ class TurnFormat(ChatFormat):
         has_system = bool(messages) and messages[0].role == Role.SYSTEM
         if not has_system and (text := self.system_text(self.config.system_prompt)):
             pieces += [*self._header("system"), Text(text, literal=True), *self._end()]
-        pieces.extend(self._messages_pieces(messages, system_index=0 if has_system else -1))
+        first = 1 if has_system else 0
+        user_index = first if first < len(messages) else -1
+        pieces.extend(
+            self._messages_pieces(
+                messages, system_index=0 if has_system else -1, user_index=user_index
+            )
+        )
         if continue_final:
             del pieces[-len(self._end()) :]  # the final end of turn (and separator)
         if generation_prompt:
@@ -128,7 +134,13 @@ class TurnFormat(ChatFormat):
         pieces.extend(self._generation_header())
         return pieces
 
-    def _messages_pieces(self, messages: Sequence[Message], system_index: int = -1) -> list[Piece]:
+    def first_message_text(self, message: Message) -> str:
+        """Text of the conversation's first message after the system turn (a family hook)."""
+        return message.content
+
+    def _messages_pieces(
+        self, messages: Sequence[Message], system_index: int = -1, user_index: int = -1
+    ) -> list[Piece]:
         pieces: list[Piece] = []
         i = 0
         while i < len(messages):
@@ -148,6 +160,8 @@ class TurnFormat(ChatFormat):
                 text = message.content
                 if i == system_index:
                     text = self.system_text(text) or ""
+                elif i == user_index:
+                    text = self.first_message_text(message)
                 pieces += [*self._header(message.role.value), Text(text, literal=True)]
                 i += 1
             pieces += self._end()
