@@ -25,6 +25,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RECORDS = HERE / "lab_full_weight_records"
 
+REBALANCED = "model=rebalanced"
+
 RUNS: dict[str, tuple[str, ...]] = {
     "lab-full-lr1e-4": ("trainer.train_only=[]", "trainer.lr=1e-4"),
     "lab-full-lr3e-5": ("trainer.train_only=[]", "trainer.lr=3e-5"),
@@ -36,8 +38,21 @@ RUNS: dict[str, tuple[str, ...]] = {
         "run.steps=2",
     ),
     "lab-layers-lr1e-5": ("trainer.train_only=[model.layers.*]", "trainer.lr=1e-5", "run.steps=2"),
+    "lab-rebal-full-lr1e-5": (
+        REBALANCED,
+        "trainer.train_only=[]",
+        "trainer.lr=1e-5",
+        "run.steps=4",
+    ),
+    "lab-rebal-full-lr1e-6": (
+        REBALANCED,
+        "trainer.train_only=[]",
+        "trainer.lr=1e-6",
+        "run.steps=4",
+    ),
 }
-"""Each run's settings on top of configs/lab.yaml (run.seed 0)."""
+"""Each run's settings on top of configs/lab.yaml (run.seed 0); `REBALANCED`: the model of
+bench/lab_rebalance.py (the same function, its linear weight pairs rescaled)."""
 
 
 def run(name: str, core: int | None) -> None:
@@ -49,6 +64,10 @@ def run(name: str, core: int | None) -> None:
         prefix = ["taskset", "-c", str(core)]
     with tempfile.TemporaryDirectory() as tmp:
         sets = [*RUNS[name], f"run.name={name}", f"run.out_dir={tmp}"]
+        if REBALANCED in sets:
+            model = Path(tmp) / "rebalanced"
+            subprocess.run([sys.executable, str(HERE / "lab_rebalance.py"), str(model)], check=True)
+            sets[sets.index(REBALANCED)] = f"model={model}"
         command = [*prefix, sys.executable, "-m", "tir_rl.cli", "train", "--config"]
         command += [str(ROOT / "configs" / "lab.yaml")]
         for item in sets:
@@ -65,21 +84,22 @@ def run(name: str, core: int | None) -> None:
 def report() -> str:
     """One row per kept run: what trained, lr, reward per step, held-out pass@1 before/after."""
     lines = [
-        "| run | trains | lr | grad norm at step 1 | rollout reward per step | "
+        "| run | model | trains | lr | grad norm at step 1 | rollout reward per step | "
         "completion tokens per step | held-out pass@1 before -> after |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name in RUNS:
         folder = RECORDS / name
         rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
         settings = dict(item.split("=", 1) for item in RUNS[name])
+        written = "rebalanced" if settings.get("model") == "rebalanced" else "as written"
         rewards = [r["rollout/reward_mean"] for r in rows if "rollout/reward_mean" in r]
         tokens = [r["rollout/completion_tokens_mean"] for r in rows if "rollout/reward_mean" in r]
         grad = next(r["train/grad_norm"] for r in rows if r.get("train/grad_norm") is not None)
         evals = sorted(folder.glob("eval_step_*.json"), key=lambda p: int(p.stem.split("_")[-1]))
         first, last = (json.loads(p.read_text())["pass_at_1"] for p in (evals[0], evals[-1]))
         lines.append(
-            f"| {name} | {_trains(settings['trainer.train_only'])} | "
+            f"| {name} | {written} | {_trains(settings['trainer.train_only'])} | "
             f"{settings['trainer.lr']} | {grad:.1f} | "
             + " ".join(f"{x:.2f}" for x in rewards)
             + " | "
