@@ -191,7 +191,8 @@ def command_env(mode: str) -> type[AgentEnv]:
 
 
 def test_an_external_command_plays_through_the_endpoint_and_prints_its_reward(tokenizer):
-    rollout = rollout_for(tokenizer, ["yes, done.", "no."])
+    # One episode at a time: the fake engine answers requests in the order they arrive.
+    rollout = rollout_for(tokenizer, ["yes, done.", "no."], max_concurrent_episodes=1)
     trajectories = play(rollout, command_env("ok"), group_size=2)
     assert [t.reward for t in trajectories] == [1.0, 0.25]
     assert all(t.status == RolloutStatus.FINISHED for t in trajectories)

@@ -259,3 +259,22 @@ def test_a_failed_agent_s_samples_carry_its_status(tokenizer):
         error="ValueError: boom",
     )
     assert sample.status == RolloutStatus.ERROR_AGENT and sample.error == "ValueError: boom"
+
+
+def test_without_an_episode_path_the_headers_name_the_episode(tokenizer):
+    import httpx
+
+    endpoint, _ = endpoint_with(tokenizer, "One.", "Two.", "Three.")
+    body = {"messages": [{"role": "user", "content": "Hi."}]}
+    with EndpointServer(endpoint) as server:
+        url = f"{server.url}/v1/chat/completions"
+        named = httpx.post(url, json=body, headers={"X-Episode-Id": "ep-x"})
+        session = httpx.post(url, json=body, headers={"X-Session-ID": "rollout-7"})
+        fresh = httpx.post(url, json=body)
+    assert named.headers["x-episode-id"] == "ep-x"
+    assert session.headers["x-episode-id"] == "rollout-7"
+    assert len(endpoint.recorder.calls("rollout-7")) == 1
+    assert fresh.headers["x-episode-id"] not in ("ep-x", "rollout-7")
+    assert sorted(endpoint.recorder.episode_ids) == sorted(
+        ["ep-x", "rollout-7", fresh.headers["x-episode-id"]]
+    )

@@ -4,7 +4,8 @@ Routes:
 
 - `POST /episodes/{id}/v1/chat/completions`: a completion recorded under episode `id`
   (give an OpenAI client `base_url=<server>/episodes/<id>/v1`). `POST /v1/chat/completions`
-  records under the `X-Episode-Id` header, or under a new id returned in that header.
+  records under the `X-Episode-Id` header, else the `X-Session-ID` header (verifiers' clients
+  send one per rollout), else under a new id returned in `X-Episode-Id`.
 - `GET /v1/models`, `GET /episodes/{id}/v1/models`: the served model.
 - `GET /episodes/{id}`: the calls recorded so far, in token ids.
 - `POST /episodes/{id}/finish` with `{"reward": r}` (optionally `"group_id"`): the
@@ -40,6 +41,9 @@ if TYPE_CHECKING:
 __all__ = ["EndpointServer", "build_app"]
 
 EPISODE_HEADER = "x-episode-id"
+SESSION_HEADER = "x-session-id"
+"""The per-rollout header verifiers' clients send (the same value every turn): an episode id
+when no `X-Episode-Id` is given."""
 
 
 def build_app(endpoint: ChatEndpoint) -> Starlette:
@@ -66,6 +70,7 @@ def build_app(endpoint: ChatEndpoint) -> Starlette:
         episode_id = (
             request.path_params.get("episode_id")
             or request.headers.get(EPISODE_HEADER)
+            or request.headers.get(SESSION_HEADER)
             or uuid.uuid4().hex[:16]
         )
         try:
