@@ -7,7 +7,6 @@ written with the OpenAI Agents SDK (examples/agents_sdk_agent.py) trains 2 steps
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -57,15 +56,22 @@ def free_port() -> int:
 def served(tmp_path_factory):
     """`tir-rl serve` on the tiny model: (url, process)."""
     port = free_port()
-    cache = os.environ.get("TIR_RL_CACHE")
-    env = {**os.environ, **({"TIR_RL_CACHE": cache} if cache else {})}
-    out = (tmp_path_factory.mktemp("serve") / "serve.out").open("w+")
-    args = [sys.executable, "-m", "tir_rl.cli", "serve", "--port", str(port), "--config", "-"]
-    sets = [arg for item in TINY for arg in ("--set", item)]
-    config = tmp_path_factory.mktemp("config") / "serve.yaml"
+    folder = tmp_path_factory.mktemp("serve")
+    out = (folder / "serve.out").open("w+")
+    config = folder / "serve.yaml"
     config.write_text("{}\n")
-    args[args.index("-")] = str(config)
-    proc = subprocess.Popen([*args, *sets], stdout=out, stderr=subprocess.STDOUT, env=env)
+    args = [
+        sys.executable,
+        "-m",
+        "tir_rl.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--config",
+        str(config),
+    ]
+    sets = [arg for item in TINY for arg in ("--set", item)]
+    proc = subprocess.Popen([*args, *sets], stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 240
