@@ -19,7 +19,7 @@ from typing import Any
 
 import gymnasium
 
-from tir_rl.envs.episode import Split, Task
+from tir_rl.envs.episode import Split, Task, task_index
 from tir_rl.errors import ConfigError, EnvironmentSpecError
 
 __all__ = ["AgentEnv", "CommandAgentEnv"]
@@ -86,11 +86,7 @@ class AgentEnv(gymnasium.Env[list[Any], Any]):
     ) -> tuple[list[Any], dict[str, Any]]:
         """Pick the episode's task; the info dict carries it as ``"agent_task"``."""
         super().reset(seed=seed)
-        index = (options or {}).get("task_index")
-        if index is None:
-            index = int(self.np_random.integers(0, self.config.num_tasks or 2**62))
-        elif not isinstance(index, int) or index < 0:
-            raise ConfigError(f"options['task_index']={index!r}: must be an int >= 0")
+        index = task_index(options, self.np_random, self.config.num_tasks)
         self._task = self.generate_task(index)
         return [], {"agent_task": self._task}
 

@@ -45,6 +45,7 @@ from tir_rl.envs.episode import (
     Split,
     StepInfo,
     Task,
+    task_index,
 )
 from tir_rl.envs.sandbox_handle import LazySandbox
 from tir_rl.errors import ConfigError, SandboxError, closest
@@ -202,11 +203,7 @@ class ToolEnv(gymnasium.Env[list[Message], Message]):
         with self._lock:
             super().reset(seed=seed)
             self._close_sandbox()
-            index = (options or {}).get("task_index")
-            if index is None:
-                index = int(self.np_random.integers(0, self.config.num_tasks or 2**62))
-            elif not isinstance(index, int) or index < 0:
-                raise ConfigError(f"options['task_index']={index!r}: must be an int >= 0")
+            index = task_index(options, self.np_random, self.config.num_tasks)
             task = self.generate_task(index)
             self._task, self._turn, self._nudges, self._done = task, 0, 0, False
             self._sandbox = LazySandbox(self._resolve_factory())

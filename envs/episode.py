@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import gymnasium
 
-from tir_rl.errors import EnvironmentSpecError
+from tir_rl.errors import ConfigError, EnvironmentSpecError
 from tir_rl.types import Message, Role, ToolResult
 
 if TYPE_CHECKING:
@@ -171,3 +171,20 @@ class AssistantMessageSpace(gymnasium.Space[Message]):
     def sample(self, mask: Any = None, probability: Any = None) -> Message:
         """A fixed sample: an assistant turn with an empty answer."""
         return Message.assistant("<answer></answer>")
+
+
+def task_index(options: Mapping[str, Any] | None, rng: Any, num_tasks: int | None) -> int:
+    """The index of the task an episode plays.
+
+    `options["task_index"]` when given, else one drawn from `rng` (the env's seeded
+    `np_random`) among `num_tasks` (None: effectively unbounded).
+
+    Raises:
+        ConfigError: `task_index` is not an int >= 0.
+    """
+    index = (options or {}).get("task_index")
+    if index is None:
+        return int(rng.integers(0, num_tasks or 2**62))
+    if not isinstance(index, int) or index < 0:
+        raise ConfigError(f"options['task_index']={index!r}: must be an int >= 0")
+    return index
