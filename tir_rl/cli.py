@@ -154,6 +154,58 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_launch(args: argparse.Namespace) -> int:
+    import yaml
+
+    from tir_rl.config import load
+    from tir_rl.engine.weights_io import default_weights_dir
+    from tir_rl.launch import (
+        LAUNCH_DIR,
+        TRAIN_CONFIG,
+        free_port,
+        launch_local,
+        plan_local_launch,
+        slurm_script,
+        trainer_config,
+    )
+    from tir_rl.run_config import RunConfig
+
+    config = load(RunConfig, args.config, args.set)
+    if args.emit == "slurm":
+        train_yaml = config.run_dir / LAUNCH_DIR / TRAIN_CONFIG
+        train_yaml.parent.mkdir(parents=True, exist_ok=True)
+        train_yaml.write_text(yaml.safe_dump(trainer_config(config), sort_keys=False))
+        print(
+            slurm_script(
+                config,
+                train_yaml,
+                servers=args.servers,
+                weights_dir=args.weights_dir or "",
+                port=args.base_port,
+                gpus_per_node=args.gpus_per_node,
+                nproc_per_node=args.nproc_per_node,
+            ),
+            end="",
+        )
+        return 0
+    ports = (
+        [free_port() for _ in range(args.servers)]
+        if args.base_port == 0
+        else [args.base_port + i for i in range(args.servers)]
+    )
+    weights_dir = (
+        Path(args.weights_dir) if args.weights_dir else default_weights_dir("tir-rl-pool-")
+    )
+    plan = plan_local_launch(
+        config,
+        servers=args.servers,
+        ports=ports,
+        weights_dir=weights_dir,
+        nproc_per_node=args.nproc_per_node,
+    )
+    return launch_local(plan)
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     import signal
     import threading
@@ -438,6 +490,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", metavar="FILE", help="output page (default: beside the source)")
     p.add_argument("--model", help="model whose tokenizer decodes the ids (default: the run's)")
     p.set_defaults(func=_cmd_view)
+
+    p = sub.add_parser(
+        "launch",
+        help="start a pool of vllm serve servers and train on it (or print a Slurm script)",
+        epilog="examples:\n  tir-rl launch --config configs/quickstart.yaml --servers 2\n"
+        "  tir-rl launch --config configs/quickstart.yaml --servers 4 --emit slurm \\\n"
+        "      --weights-dir /shared/tir-rl-weights > job.sbatch\n"
+        "see docs/scale.md\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", required=True, help="YAML run config (its engine section: local)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
+    p.add_argument("--servers", type=int, default=2, help="vllm serve servers in the pool")
+    p.add_argument(
+        "--base-port", type=int, default=8000, help="first server's port (0: free ones here)"
+    )
+    p.add_argument(
+        "--weights-dir",
+        help="folder the weights are published to (default here: a fresh one in /dev/shm; "
+        "Slurm: required, on a file system every node mounts)",
+    )
+    p.add_argument(
+        "--nproc-per-node", type=int, default=1, help="trainer ranks (FSDP2 under torchrun)"
+    )
+    p.add_argument(
+        "--emit",
+        choices=["slurm"],
+        help="print the multi-node launch instead of starting anything",
+    )
+    p.add_argument("--gpus-per-node", type=int, default=1, help="Slurm: GPUs per node")
+    p.set_defaults(func=_cmd_launch)
 
     p = sub.add_parser(
         "serve",

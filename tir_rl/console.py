@@ -65,9 +65,7 @@ def send_library_output_to(path: Path) -> None:
     path = Path(path).resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
     file_handler = logging.FileHandler(path, encoding="utf-8")
-    file_handler.setFormatter(
-        logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    )
+    file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     for handler in root.handlers:
         if isinstance(handler, logging.StreamHandler) and not isinstance(

@@ -44,6 +44,14 @@ class EngineError(TirError):
     """The sampling engine failed or does not match the configuration."""
 
 
+class EngineUnavailableError(EngineError):
+    """The engine cannot be reached (connection refused, server gone, process dead).
+
+    Unlike other `EngineError`s it says nothing about the request: the same request may
+    succeed on another engine, which is what a pool (`tir_rl.engine.pool`) does with it.
+    """
+
+
 class ParityError(EngineError):
     """Sampler and trainer logprobs disagree beyond the configured tolerance."""
 

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING
 
 from tir_rl import distributed as tdist
 from tir_rl.engine import parity
+from tir_rl.engine.pool import pool_of
+from tir_rl.errors import EngineUnavailableError, ParityError
 from tir_rl.mismatch.injection import MismatchInjection
 
 if TYPE_CHECKING:
@@ -107,6 +109,9 @@ class WeightSync:
     ) -> parity.ParityReport:
         """Rank 0: load the prepared weights into the engine, then run the parity probe.
 
+        A pool's members are probed one by one (the report is the worst); one that cannot
+        be reached leaves the pool.
+
         The update lands in flight (`Engine.update_weights`): the engine's later tokens carry
         policy version `version`.
 
@@ -114,6 +119,24 @@ class WeightSync:
             ParityError: the gap exceeds the tolerance (never while injecting).
         """
         await engine.update_weights(prepared.state, version=version)
+        pool = pool_of(engine)
+        if pool is None:
+            return await self._probe(engine, prepared)
+        reports = []
+        for name, member in pool.engines_up():  # every server holds its own copy
+            try:
+                reports.append(await self._probe(member, prepared))
+            except EngineUnavailableError as exc:
+                pool.mark_down(name, f"its parity probe failed: {exc}")
+            except ParityError as exc:
+                raise ParityError(f"{name}: {exc}") from exc
+        if not reports:
+            raise EngineUnavailableError(
+                "every engine of the pool went away during the weight sync's parity probe"
+            )
+        return max(reports, key=lambda report: report.max_abs_diff)
+
+    async def _probe(self, engine: Engine, prepared: PreparedSync) -> parity.ParityReport:
         return await parity.probe_parity(  # looked up at call time, so a test may replace it
             engine,
             lambda ids: prepared.trainer_logprobs,

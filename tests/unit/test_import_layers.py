@@ -57,6 +57,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "evaluate",
             "doctor",
             "sft",
+            "launch",
             "cli",
         ),
     ),

@@ -57,4 +57,3 @@ def _value(value: Any) -> str:
     if isinstance(value, enum.Enum):
         return str(value.value)
     return str(to_dict(value))
-

@@ -167,6 +167,7 @@ class ChatEndpoint:
                 temperature=temperature,
                 seed=None if request.seed is None else request.seed + i,
                 stop_token_ids=fmt.stop_token_ids,
+                affinity=episode_id,
             )
             for i in range(request.n)
         ]

@@ -60,6 +60,10 @@ class GenerateRequest:
     stop_token_sequences: Sequence[Sequence[int]] = ()
     """Multi-token stops (e.g. the ids of `</tool_call>`), matched on sampled ids, never on
     text; the output is cut right after the first complete match."""
+    affinity: str | None = None
+    """Requests with the same key go to the same engine of a pool while it is up (an
+    episode's turns extend one context, which that server's prefix cache holds); None: any
+    engine. A single engine ignores it."""
 
     def validate(self) -> None:
         """Raise `ConfigError` if the request cannot be sampled."""

@@ -6,9 +6,10 @@ server's address under `engine.http` and keeps only the flat keys that mean some
 server someone else started (the checks the engine makes, and the weights folder). A key of
 the other kind that differs from its default is refused at load time, never ignored.
 
-`build_engine` starts or connects to the engine named by the config. A server must have
-been started on the run's `model` (same checkpoint path), and it is reset to that
-checkpoint's weights on connect, since a server keeps whatever weights its last run sent it.
+`build_engine` starts or connects to the engine named by the config: the local engine, one
+server, or a pool of servers (`tir_rl.engine.pool`). A server must have been started on the
+run's `model` (same checkpoint path), and it is reset to that checkpoint's weights on
+connect, since a server keeps whatever weights its last run sent it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tir_rl.engine.base import Engine
+from tir_rl.engine.pool import EnginePool
 from tir_rl.engine.vllm_http import ServerAddress, VLLMHttpEngine
 from tir_rl.engine.vllm_local import VLLMLocalEngine
 from tir_rl.engine.weights_io import read_checkpoint_weights
@@ -56,8 +58,9 @@ class EngineConfig(VLLMLocalEngine.Config):
 
     kind: EngineKind = EngineKind.LOCAL
     """`local`: start vLLM in this process. `http`: use the `vllm serve` server at
-    `engine.http.base_url`, started on the run's `model` with `VLLM_SERVER_DEV_MODE=1` (see
-    docs/scale.md). With `http` the only flat keys that apply are `dtype` and
+    `engine.http.base_url` (or the pool of servers `engine.http.base_urls`), started on the
+    run's `model` with `VLLM_SERVER_DEV_MODE=1` (see docs/scale.md). With `http` the only
+    flat keys that apply are `dtype` and
     `logprobs_mode` (what the server must use, checked on connect), the two `allow_*` keys,
     and `weights_dir` (required: a folder the server reads at the same path); the others
     are refused."""
@@ -82,11 +85,19 @@ class EngineConfig(VLLMLocalEngine.Config):
                 f"server's own flags decide it. Remove engine.{given[0]} (start the server "
                 "with the matching flag), or set engine.kind=local."
             )
-        if not self.http.base_url:
+        if not self.http.base_url and not self.http.base_urls:
             raise ConfigError(
                 "engine.kind is http but engine.http.base_url is not set: give the server's "
-                "root, e.g. engine.http.base_url=http://127.0.0.1:8000"
+                "root, e.g. engine.http.base_url=http://127.0.0.1:8000 (or several servers as "
+                "engine.http.base_urls)"
             )
+        if self.http.base_url and self.http.base_urls:
+            raise ConfigError(
+                "engine.http.base_url and engine.http.base_urls are both set: give one server "
+                "as base_url, or every server of the pool as base_urls"
+            )
+        if len(set(self.http.base_urls)) != len(self.http.base_urls):
+            raise ConfigError(f"engine.http.base_urls lists a server twice: {self.http.base_urls}")
         if self.weights_dir is None:
             raise ConfigError(
                 "engine.kind is http but engine.weights_dir is not set: the trainer's weights "
@@ -94,11 +105,22 @@ class EngineConfig(VLLMLocalEngine.Config):
                 "path (e.g. /dev/shm/tir-rl-weights for a server on this machine, or a shared "
                 "file system)."
             )
-        self.http_config().validate()
+        for url in self.server_urls():
+            self.http_config(url).validate()
 
-    def http_config(self) -> VLLMHttpEngine.Config:
-        """The HTTP engine's config: `http`'s address plus the shared flat keys."""
+    def server_urls(self) -> list[str]:
+        """The server, or every server of the pool (`kind: http`)."""
+        return list(self.http.base_urls) or [self.http.base_url]
+
+    def http_config(self, base_url: str | None = None) -> VLLMHttpEngine.Config:
+        """One server's engine config: `http`'s address plus the shared flat keys.
+
+        Args:
+            base_url: which server (default: `http.base_url`, the only one).
+        """
         address = {f.name: getattr(self.http, f.name) for f in dataclasses.fields(ServerAddress)}
+        address["base_url"] = base_url if base_url is not None else self.http.base_url
+        address["base_urls"] = []
         return VLLMHttpEngine.Config(
             **address,
             dtype=self.dtype,
@@ -130,15 +152,36 @@ def build_engine(config: EngineConfig, model_path: Path) -> Engine:
     """
     if config.kind is EngineKind.LOCAL:
         return VLLMLocalEngine(dataclasses.replace(config, model_path=str(model_path)))
-    engine = VLLMHttpEngine(config.http_config())
+    if not config.http.base_urls:
+        engine = VLLMHttpEngine(config.http_config())
+        try:
+            _check_served_model(engine, model_path)
+            logger.info("resetting %s to the weights of %s", config.http.base_url, model_path)
+            asyncio.run(engine.update_weights(read_checkpoint_weights(model_path), version=0))
+        except BaseException:
+            engine.close()
+            raise
+        return engine
+    return _build_pool(config, model_path)
+
+
+def _build_pool(config: EngineConfig, model_path: Path) -> EnginePool:
+    """Connect to every server of `engine.http.base_urls`; all must be up at the start."""
+    members: list[tuple[str, VLLMHttpEngine]] = []
     try:
-        _check_served_model(engine, model_path)
-        logger.info("resetting %s to the weights of %s", config.http.base_url, model_path)
-        asyncio.run(engine.update_weights(read_checkpoint_weights(model_path), version=0))
+        for url in config.server_urls():
+            engine = VLLMHttpEngine(config.http_config(url))
+            members.append((url, engine))
+            _check_served_model(engine, model_path)
+        assert config.weights_dir is not None  # validated
+        pool = EnginePool(members, weights_dir=config.weights_dir)
+        logger.info("resetting %d servers to the weights of %s", len(members), model_path)
+        asyncio.run(pool.update_weights(read_checkpoint_weights(model_path), version=0))
     except BaseException:
-        engine.close()
+        for _, engine in members:
+            engine.close()
         raise
-    return engine
+    return pool
 
 
 def _check_served_model(engine: VLLMHttpEngine, model_path: Path) -> None:

@@ -16,8 +16,9 @@ sequence on ids (the tokens up to the cut are identical to a native stop; only t
 compute after it is wasted).
 
 Weight updates: vLLM 0.32's `/update_weights` endpoint needs a weight-transfer backend
-(NCCL or CUDA IPC) and cannot take a plain state dict. This engine writes the state dict
-to `Config.weights_dir` (a folder the server sees at the same path) and calls the dev-mode
+(NCCL or CUDA IPC) and cannot take a plain state dict. This engine publishes the state dict
+under `Config.weights_dir` (a folder the server sees at the same path; each version in a
+folder of its own, marked ready before the server is told of it) and calls the dev-mode
 endpoint `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path":
 DIR}}`, then `POST /reset_prefix_cache`. Start the server with `VLLM_SERVER_DEV_MODE=1`.
 
@@ -34,7 +35,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,8 +49,8 @@ from tir_rl.engine.base import (
     check_truncated_sampling,
     truncate_at_stop_sequence,
 )
-from tir_rl.engine.weights_io import write_state_dict
-from tir_rl.errors import ConfigError, EngineError
+from tir_rl.engine.weights_io import PublishedWeights, check_published, publish_state_dict
+from tir_rl.errors import ConfigError, EngineError, EngineUnavailableError
 
 if TYPE_CHECKING:
     import httpx
@@ -70,6 +71,11 @@ class ServerAddress:
 
     base_url: str = ""
     """Server root, e.g. `http://127.0.0.1:8000` (no `/v1`)."""
+    base_urls: list[str] = field(default_factory=list)
+    """Several servers of the same model, used as one pool (`tir_rl.engine.pool`, a run
+    config only): an episode stays on one server, a new episode goes to the least-loaded
+    one, and a server that goes away is left while the run goes on. Give this or
+    `base_url`, not both."""
     served_model_name: str | None = None
     """The server's `--served-model-name`; None accepts the server's only model."""
     api_key: str | None = None
@@ -106,6 +112,12 @@ class VLLMHttpEngine:
 
         def validate(self) -> None:
             """Raise `ConfigError` for unusable values."""
+            if self.base_urls:
+                raise ConfigError(
+                    "VLLMHttpEngine talks to one server (base_url); several servers "
+                    f"({self.base_urls}) are a pool: tir_rl.engine.pool.EnginePool, which a "
+                    "run builds from engine.http.base_urls"
+                )
             if not self.base_url.startswith(("http://", "https://")):
                 raise ConfigError(
                     f"engine.http.base_url must start with http(s)://: {self.base_url}"
@@ -327,11 +339,28 @@ class VLLMHttpEngine:
     async def _update(
         self, state_dict: Mapping[str, torch.Tensor], folder: Path, version: int | None
     ) -> None:
+        published = await asyncio.to_thread(publish_state_dict, state_dict, folder, version=version)
+        await self._load(published)
+
+    async def load_published(self, weights: PublishedWeights) -> None:
+        """Make the server reload a version published by `publish_state_dict`.
+
+        How a pool gives its servers one copy of the weights: the file is written once and
+        every server reads it. Lands between requests, like `update_weights`.
+
+        Raises:
+            EngineError: the folder is not a complete published version, or the reload
+                failed (`EngineUnavailableError` when the server is gone).
+        """
+        self._check_open()
+        await self._loop.run(self._load(weights))
+
+    async def _load(self, weights: PublishedWeights) -> None:
+        check_published(weights)
         async with self._gate.update():
-            await asyncio.to_thread(write_state_dict, state_dict, folder)
-            await self._reload(str(folder.resolve()))
-            if version is not None:
-                self._version = version
+            await self._reload(str(weights.folder.resolve()))
+            if weights.version is not None:
+                self._version = weights.version
 
     async def _reload(self, folder: str) -> None:
         body = {"method": "reload_weights", "kwargs": {"weights_path": folder}}
@@ -351,15 +380,22 @@ class VLLMHttpEngine:
         """Send with retries on connection errors and 502/503/504; raise on other errors."""
         import httpx
 
+        unreachable = (
+            httpx.ConnectError,
+            httpx.ConnectTimeout,
+            httpx.RemoteProtocolError,  # the server closed the connection mid-answer
+            httpx.ReadError,
+            httpx.WriteError,
+        )
         c = self.config
         url = f"{c.base_url.rstrip('/')}{path}"
         for attempt in range(c.max_retries + 1):
             last = attempt == c.max_retries
             try:
                 response = await self._client.request(method, url, **kwargs)
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as exc:
+            except unreachable as exc:  # sent again: sampling has no side effect
                 if last:
-                    raise EngineError(
+                    raise EngineUnavailableError(
                         f"{method} {url}: server unreachable after {attempt + 1} attempts "
                         f"({type(exc).__name__}: {exc}); is `vllm serve` running there?"
                     ) from exc

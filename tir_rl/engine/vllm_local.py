@@ -48,8 +48,13 @@ from tir_rl.engine.base import (
     check_truncated_sampling,
 )
 from tir_rl.engine.reaping import EngineGuard, reap_leftovers
-from tir_rl.engine.weights_io import default_weights_dir, write_state_dict
-from tir_rl.errors import ConfigError, EngineError
+from tir_rl.engine.weights_io import (
+    PublishedWeights,
+    check_published,
+    default_weights_dir,
+    write_state_dict,
+)
+from tir_rl.errors import ConfigError, EngineError, EngineUnavailableError
 
 if TYPE_CHECKING:
     import torch
@@ -67,7 +72,7 @@ def engine_error_from(exc: BaseException, what: str) -> EngineError:
     if isinstance(exc, VLLMClientError):
         return EngineError(f"{what}: vLLM rejected the request: {exc}")
     if isinstance(exc, EngineDeadError):
-        return EngineError(
+        return EngineUnavailableError(
             f"{what}: the vLLM engine process died ({exc}); see its log above for the root "
             "cause. Close this engine and build a new one."
         )
@@ -401,23 +406,41 @@ class VLLMLocalEngine:
     async def _update(self, state_dict: Mapping[str, torch.Tensor], version: int | None) -> None:
         assert self._update_lock is not None
         async with self._update_lock:  # one writer of the weights file at a time
-            folder = str(self._weights_dir)
+            assert self._weights_dir is not None
             await asyncio.to_thread(write_state_dict, state_dict, self._weights_dir)
-            await self._llm.pause_generation(
-                mode="keep", clear_cache=self.config.clear_kv_on_update
-            )
-            try:
-                await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
-                if version is not None:
-                    await self._llm.update_weight_version(str(version))
-                    self._version = version
-            except Exception as exc:
-                raise EngineError(
-                    f"reload_weights from {folder} failed: {exc}. The state dict must use the "
-                    "checkpoint's Hugging Face parameter names and shapes."
-                ) from exc
-            finally:
-                await self._llm.resume_generation()
+            await self._reload(str(self._weights_dir), version)
+
+    async def load_published(self, weights: PublishedWeights) -> None:
+        """Load a version published by `publish_state_dict` (how a pool shares one copy).
+
+        Requests in flight are kept, as with `update_weights`.
+
+        Raises:
+            EngineError: the folder is not a complete published version, or the reload failed.
+        """
+        self._check_open()
+        check_published(weights)
+        await self._loop.run(self._load_published(weights))
+
+    async def _load_published(self, weights: PublishedWeights) -> None:
+        assert self._update_lock is not None
+        async with self._update_lock:
+            await self._reload(str(weights.folder.resolve()), weights.version)
+
+    async def _reload(self, folder: str, version: int | None) -> None:
+        await self._llm.pause_generation(mode="keep", clear_cache=self.config.clear_kv_on_update)
+        try:
+            await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
+            if version is not None:
+                await self._llm.update_weight_version(str(version))
+                self._version = version
+        except Exception as exc:
+            raise EngineError(
+                f"reload_weights from {folder} failed: {exc}. The state dict must use the "
+                "checkpoint's Hugging Face parameter names and shapes."
+            ) from exc
+        finally:
+            await self._llm.resume_generation()
 
     def close(self) -> None:
         """Shut the engine down and remove its private weights folder (idempotent)."""

@@ -6,22 +6,43 @@ tensors as `weights_iterator` only works when the worker shares the caller's pro
 msgpack, so tensors arrive as lists. Both engines therefore write one safetensors file and
 pass its folder as `weights_path` (a string), which works in-process, across processes and
 over HTTP (the folder must then be visible to the server at the same path).
+
+Servers that read a shared folder get the weights *published* (`publish_state_dict`): each
+version goes to a folder of its own, written under a temporary name, closed by a ready
+marker and then renamed, so a server never loads a half-written checkpoint, and one write
+serves every server of a pool.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tir_rl.errors import ModelError
+from tir_rl.errors import EngineError, ModelError
 
 if TYPE_CHECKING:
     import torch
 
 WEIGHTS_FILE = "model.safetensors"
+READY_MARKER = "READY.json"
+"""Written last into a published folder: its version and size."""
+_PUBLISHED_PREFIX = "weights-"
+
+
+@dataclass(frozen=True)
+class PublishedWeights:
+    """One complete version of the weights in a folder the servers read."""
+
+    folder: Path
+    version: int | None
+    """The policy version the weights carry (None: the caller keeps its label)."""
+    num_bytes: int
 
 
 def default_weights_dir(prefix: str) -> Path:
@@ -76,3 +97,51 @@ def read_checkpoint_weights(folder: Path) -> dict[str, torch.Tensor]:
     if model_config.get("tie_word_embeddings") and "lm_head.weight" not in state:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     return state
+
+
+def publish_state_dict(
+    state_dict: Mapping[str, torch.Tensor], root: Path, *, version: int | None
+) -> PublishedWeights:
+    """Write `state_dict` into a new folder under `root`, marked ready; remove older ones.
+
+    The tensors and then the ready marker go into a temporary folder, which is renamed to
+    `root/weights-NNNNNN` only when both are on disk: a reader that finds the folder finds
+    it whole (`check_published`). Folders published earlier under `root` are removed, so a
+    server must load a version before the next one is published (the engines do).
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    earlier = sorted(root.glob(f"{_PUBLISHED_PREFIX}*"))
+    number = 1 + max((int(p.name.removeprefix(_PUBLISHED_PREFIX)) for p in earlier), default=0)
+    tmp = Path(tempfile.mkdtemp(prefix=".publishing-", dir=root))
+    try:
+        tmp.chmod(0o755)  # a server running as another user reads it
+        path = write_state_dict(state_dict, tmp)
+        num_bytes = path.stat().st_size
+        marker = {"version": version, "files": [WEIGHTS_FILE], "bytes": num_bytes}
+        (tmp / READY_MARKER).write_text(json.dumps(marker) + "\n")
+        folder = root / f"{_PUBLISHED_PREFIX}{number:06d}"
+        tmp.rename(folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in earlier:
+        shutil.rmtree(old, ignore_errors=True)
+    return PublishedWeights(folder=folder, version=version, num_bytes=num_bytes)
+
+
+def check_published(weights: PublishedWeights) -> None:
+    """Raise `EngineError` unless `weights.folder` is a complete published version."""
+    marker = weights.folder / READY_MARKER
+    if not marker.is_file():
+        raise EngineError(
+            f"{weights.folder} has no {READY_MARKER}: it is not a complete published version "
+            "(still being written, or removed by a later publication). Publish the weights "
+            "with tir_rl.engine.weights_io.publish_state_dict and load each version before "
+            "publishing the next."
+        )
+    size = json.loads(marker.read_text())["bytes"]
+    on_disk = (weights.folder / WEIGHTS_FILE).stat().st_size
+    if on_disk != size:
+        raise EngineError(
+            f"{weights.folder}: {WEIGHTS_FILE} is {on_disk} bytes, its marker says {size}"
+        )

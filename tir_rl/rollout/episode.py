@@ -321,6 +321,7 @@ class Episode:
             seed=turn_seed(c.seed, self.spec, turn),
             stop_token_ids=self.chat_format.stop_token_ids,
             stop_token_sequences=self.rollout.stop_token_sequences,
+            affinity=f"{self.spec.group_id}/{self.spec.sample_index}",  # one server per episode
         )
         t0 = time.perf_counter()
         try:

