@@ -8,6 +8,7 @@ trained from (never more than k).
 
     python bench/async_sim.py --scenario cpu                   # synthetic durations
     python bench/async_sim.py --scenario gpu8x8 --record run.json --ks 0,1,2 --json out.json
+    python bench/async_sim.py --engines 4 --trainer-devices 4    # a pool of 4 servers
 
 `--record` is a JSON file: lists `episode_s`, `train_s`, `sync_s` (seconds, resampled with
 replacement) and ints `tasks_per_step`, `group_size`. Without one, synthetic durations stand
@@ -23,6 +24,8 @@ Scenarios (projections from the durations given, not measurements):
           of 8x the batch on 8x the devices takes the measured time (linear scaling); the
           sync as measured. `--tasks-per-step` sets another batch (the update time scales
           with it).
+  --engines N, --trainer-devices M replace a scenario's counts (the batch grows with the
+          engines, as in gpu8x8): the pool of N servers of docs/scale.md.
 
 Assumptions:
   - An episode's duration is drawn from the episode distribution and does not depend on the
@@ -281,11 +284,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--concurrency", type=int, help="per engine (default tasks x group)")
     parser.add_argument("--tasks-per-step", type=int, help="override the record's")
+    parser.add_argument(
+        "--engines", type=int, help="inference servers of the pool (overrides the scenario's)"
+    )
+    parser.add_argument(
+        "--trainer-devices", type=int, help="trainer devices (overrides the scenario's)"
+    )
     parser.add_argument("--json", type=Path, help="write the table here")
     args = parser.parse_args()
 
     work = load_record(args.record) if args.record else synthetic_workload()
     num_inference, train_devices = SCENARIOS[args.scenario]
+    num_inference = args.engines or num_inference
+    train_devices = args.trainer_devices or train_devices
     measured_load = work.tasks_per_step * work.group_size  # episodes at once, as measured
     tasks_per_step = args.tasks_per_step or work.tasks_per_step * num_inference
     batch_scale = tasks_per_step / work.tasks_per_step

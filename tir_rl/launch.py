@@ -26,7 +26,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,6 +102,19 @@ def pool_overrides(urls: Sequence[str], weights_dir: str) -> list[str]:
     ]
 
 
+def server_plans(config: RunConfig, ports: Sequence[int], log_dir: Path) -> list[ServerPlan]:
+    """One `vllm serve` on loopback per port, with the config's local engine flags."""
+    local = dataclasses.replace(config.engine, kind=EngineKind.LOCAL)
+    return [
+        ServerPlan(
+            url=f"http://127.0.0.1:{port}",
+            command=serve_command(local, port=port, python=sys.executable),
+            log=log_dir / f"server-{i}.log",
+        )
+        for i, port in enumerate(ports)
+    ]
+
+
 def plan_local_launch(
     config: RunConfig,
     *,
@@ -122,15 +135,7 @@ def plan_local_launch(
     folder.mkdir(parents=True, exist_ok=True)
     train_yaml = folder / TRAIN_CONFIG
     train_yaml.write_text(yaml.safe_dump(trainer_config(config), sort_keys=False))
-    local = dataclasses.replace(config.engine, kind=EngineKind.LOCAL)
-    plans = [
-        ServerPlan(
-            url=f"http://127.0.0.1:{port}",
-            command=serve_command(local, port=port, python=sys.executable),
-            log=folder / f"server-{i}.log",
-        )
-        for i, port in enumerate(ports)
-    ]
+    plans = server_plans(config, ports, folder)
     train = [sys.executable, "-m", "tir_rl.cli", "train", "--config", str(train_yaml)]
     for override in pool_overrides([p.url for p in plans], str(weights_dir)):
         train += ["--set", override]
@@ -142,8 +147,26 @@ def plan_local_launch(
 def launch_local(plan: LaunchPlan) -> int:
     """Start the servers, wait until each answers, run the trainer, stop the servers.
 
-    Returns the trainer's exit status (130 after Ctrl-C). The servers are stopped in every
-    case: they run in process groups of their own, which get SIGTERM, then SIGKILL.
+    Returns the trainer's exit status (130 after Ctrl-C).
+
+    Raises:
+        EngineError: a server exited or did not become healthy (the others are stopped).
+    """
+    with running_servers(plan.servers):
+        logger.info("%d servers up; training", len(plan.servers))
+        trainer = subprocess.Popen(plan.train_command)
+        try:
+            return trainer.wait()
+        except KeyboardInterrupt:  # the trainer got the terminal's SIGINT too
+            return trainer.wait()
+
+
+@contextlib.contextmanager
+def running_servers(servers: Sequence[ServerPlan]) -> Iterator[list[subprocess.Popen]]:
+    """Start `servers`, wait until each answers `/health`, stop them all on exit.
+
+    They run in process groups of their own (a terminal's Ctrl-C reaches the trainer, not
+    them), which get SIGTERM on exit, then SIGKILL for whatever is left after 30 s.
 
     Raises:
         EngineError: a server exited or did not become healthy (the others are stopped).
@@ -151,7 +174,7 @@ def launch_local(plan: LaunchPlan) -> int:
     started: list[tuple[ServerPlan, subprocess.Popen]] = []
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # weight reloads over HTTP
     try:
-        for server in plan.servers:
+        for server in servers:
             logger.info("starting %s: %s", server.url, shlex.join(server.command))
             with server.log.open("w") as log:
                 proc = subprocess.Popen(
@@ -164,12 +187,7 @@ def launch_local(plan: LaunchPlan) -> int:
             started.append((server, proc))
         for server, proc in started:
             _wait_healthy(server, proc)
-        logger.info("%d servers up; training", len(started))
-        trainer = subprocess.Popen(plan.train_command)
-        try:
-            return trainer.wait()
-        except KeyboardInterrupt:  # the trainer got the terminal's SIGINT too
-            return trainer.wait()
+        yield [proc for _, proc in started]
     finally:
         for _, proc in started:
             _stop(proc)

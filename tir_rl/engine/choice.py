@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tir_rl.engine.base import Engine
-from tir_rl.engine.pool import EnginePool
+from tir_rl.engine.pool import EnginePool, Routing
 from tir_rl.engine.vllm_http import ServerAddress, VLLMHttpEngine
 from tir_rl.engine.vllm_local import VLLMLocalEngine
 from tir_rl.engine.weights_io import read_checkpoint_weights
@@ -96,6 +96,11 @@ class EngineConfig(VLLMLocalEngine.Config):
                 "engine.http.base_url and engine.http.base_urls are both set: give one server "
                 "as base_url, or every server of the pool as base_urls"
             )
+        if self.http.routing is not Routing.STICKY and not self.http.base_urls:
+            raise ConfigError(
+                f"engine.http.routing={self.http.routing.value!r} picks among the servers of a "
+                "pool, but engine.http.base_urls is not set: give the servers, or drop the setting"
+            )
         if len(set(self.http.base_urls)) != len(self.http.base_urls):
             raise ConfigError(f"engine.http.base_urls lists a server twice: {self.http.base_urls}")
         if self.weights_dir is None:
@@ -121,6 +126,7 @@ class EngineConfig(VLLMLocalEngine.Config):
         address = {f.name: getattr(self.http, f.name) for f in dataclasses.fields(ServerAddress)}
         address["base_url"] = base_url if base_url is not None else self.http.base_url
         address["base_urls"] = []
+        address["routing"] = Routing.STICKY
         return VLLMHttpEngine.Config(
             **address,
             dtype=self.dtype,
@@ -174,7 +180,12 @@ def _build_pool(config: EngineConfig, model_path: Path) -> EnginePool:
             members.append((url, engine))
             _check_served_model(engine, model_path)
         assert config.weights_dir is not None  # validated
-        pool = EnginePool(members, weights_dir=config.weights_dir)
+        pool = EnginePool(
+            members,
+            weights_dir=config.weights_dir,
+            routing=config.http.routing,
+            seed=config.seed or 0,
+        )
         logger.info("resetting %d servers to the weights of %s", len(members), model_path)
         asyncio.run(pool.update_weights(read_checkpoint_weights(model_path), version=0))
     except BaseException:

@@ -26,7 +26,9 @@ during both, as each member's own update semantics allow.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
+import random
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -46,6 +48,17 @@ logger = logging.getLogger(__name__)
 MAX_AFFINITY_KEYS = 65_536
 """Keys remembered at most (least recently used forgotten first): far more episodes than
 are ever in flight, so a forgotten key belongs to an episode that has ended."""
+
+
+class Routing(enum.StrEnum):
+    """How the pool picks a server for a request."""
+
+    STICKY = "sticky"
+    """A key stays on its server; a new key goes to the least-loaded one (the default)."""
+    LEAST_LOADED = "least_loaded"
+    """Every request to the least-loaded server, keys ignored (a control for measurements)."""
+    RANDOM = "random"
+    """Every request to a server drawn at random, keys ignored (a control for measurements)."""
 
 
 @runtime_checkable
@@ -85,7 +98,12 @@ class EnginePool:
     """Several engines that serve one model; see the module docstring."""
 
     def __init__(
-        self, members: Sequence[tuple[str, PoolMember]], *, weights_dir: Path | str
+        self,
+        members: Sequence[tuple[str, PoolMember]],
+        *,
+        weights_dir: Path | str,
+        routing: Routing = Routing.STICKY,
+        seed: int = 0,
     ) -> None:
         """Pool `members` (name, engine), which must serve the same model the same way.
 
@@ -93,6 +111,8 @@ class EnginePool:
             members: at least one (name, engine); the name appears in messages and logs.
             weights_dir: the folder updates are published to; every member must read it at
                 the same path.
+            routing: how a request picks its member (`Routing`).
+            seed: seeds `Routing.RANDOM`'s draws.
 
         Raises:
             ConfigError: no member, or members that disagree on the model or the dtype.
@@ -106,6 +126,8 @@ class EnginePool:
         self._version = 0
         self._failovers = 0
         self._lock = threading.Lock()  # requests and weight syncs come from different threads
+        self._routing = routing
+        self._rng = random.Random(seed)
         for name, engine in members:
             self._add(name, engine)
 
@@ -259,6 +281,8 @@ class EnginePool:
                     self._mark_down(member, EngineUnavailableError(reason))
 
     def _route(self, key: str | None) -> _Member:
+        if self._routing is not Routing.STICKY:
+            key = None
         if key is not None:
             member = self._keys.get(key)
             if member is not None and member.up:
@@ -267,6 +291,8 @@ class EnginePool:
         live = self.members_up()
         if not live:
             raise self._none_left()
+        if self._routing is Routing.RANDOM:
+            return self._rng.choice(live)
         member = min(live, key=lambda m: (m.in_flight, m.keys))
         if key is not None:
             old = self._keys.pop(key, None)

@@ -49,6 +49,7 @@ from tir_rl.engine.base import (
     check_truncated_sampling,
     truncate_at_stop_sequence,
 )
+from tir_rl.engine.pool import Routing
 from tir_rl.engine.weights_io import PublishedWeights, check_published, publish_state_dict
 from tir_rl.errors import ConfigError, EngineError, EngineUnavailableError
 
@@ -76,6 +77,10 @@ class ServerAddress:
     config only): an episode stays on one server, a new episode goes to the least-loaded
     one, and a server that goes away is left while the run goes on. Give this or
     `base_url`, not both."""
+    routing: Routing = Routing.STICKY
+    """How a pool picks a server: `sticky` (an episode stays on its server, for its prefix
+    cache; a new one goes to the least-loaded server), or, as controls for measuring what
+    that buys, `least_loaded` or `random` (episodes ignored). Only with `base_urls`."""
     served_model_name: str | None = None
     """The server's `--served-model-name`; None accepts the server's only model."""
     api_key: str | None = None
@@ -112,7 +117,7 @@ class VLLMHttpEngine:
 
         def validate(self) -> None:
             """Raise `ConfigError` for unusable values."""
-            if self.base_urls:
+            if self.base_urls or self.routing is not Routing.STICKY:
                 raise ConfigError(
                     "VLLMHttpEngine talks to one server (base_url); several servers "
                     f"({self.base_urls}) are a pool: tir_rl.engine.pool.EnginePool, which a "

@@ -146,3 +146,12 @@ def test_pool_settings_that_cannot_work_are_refused(extra, message):
 def test_a_single_server_engine_refuses_a_list_of_servers():
     with pytest.raises(ConfigError, match="are a pool"):
         VLLMHttpEngine.Config(base_urls=["http://a:1", "http://b:1"]).validate()
+
+
+def test_a_routing_control_needs_a_pool():
+    single = [*HTTP, "engine.http.routing=random"]
+    with pytest.raises(ConfigError, match="picks among the servers of a pool"):
+        config.load(RunConfig, None, single)
+    cfg = config.load(RunConfig, None, [*POOL, "engine.http.routing=least_loaded"])
+    assert cfg.engine.http.routing.value == "least_loaded"
+    assert cfg.engine.http_config(cfg.engine.server_urls()[0]).routing.value == "sticky"

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tir_rl.engine.base import FinishReason, GenerateRequest, GenerateResult, ModelInfo
-from tir_rl.engine.pool import EnginePool
+from tir_rl.engine.pool import EnginePool, Routing
 from tir_rl.engine.weights_io import (
     READY_MARKER,
     PublishedWeights,
@@ -224,3 +224,12 @@ def test_a_published_folder_is_complete_or_refused(tmp_path):
     (weights.folder / "model.safetensors").write_bytes(b"cut short")
     with pytest.raises(EngineError, match="its marker says"):
         check_published(weights)
+
+
+def test_the_controls_ignore_episodes(tmp_path):
+    members = [FakeMember(i) for i in range(2)]
+    named = [(f"s{i}", m) for i, m in enumerate(members)]
+    least = EnginePool(named, weights_dir=tmp_path, routing=Routing.LEAST_LOADED)
+    assert [answer(least, "a") for _ in range(4)] == [0, 0, 0, 0]  # nothing in flight: first
+    drawn = EnginePool(named, weights_dir=tmp_path, routing=Routing.RANDOM, seed=1)
+    assert {answer(drawn, "a") for _ in range(20)} == {0, 1}
