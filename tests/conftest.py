@@ -5,7 +5,7 @@ group (its module-scoped fixtures, such as a trained tiny run, are built once), 
 tests that start sandboxes: they all share one group, so they run one after the other on one
 worker. Sandboxes of both backends run as the same unprivileged uid, and RLIMIT_NPROC counts
 a uid's processes across the machine, so a sandbox test on the other worker would change
-what a pids-limit or busy-uid test measures. Without xdist the markers do nothing.
+what a pids-limit or busy-uid test measures. Without xdist the grouping does nothing.
 """
 
 from __future__ import annotations
@@ -20,25 +20,58 @@ _SANDBOX_USERS = ("integration/sandbox", "integration/envs", "unit/sandbox", "un
 
 
 LONGEST_FIRST = (
-    "integration/train/test_train_learns_lora.py",
     "integration/train/test_train_fsdp2.py",
     "integration/train/test_train_tiny.py",
-    "integration/train/test_train_lora.py",
+    "integration/train/test_train_learns_lora.py",
     "integration/train/test_train_async.py",
+    "integration/train/test_train_lora.py",
+    "integration/engine/test_doctor_causes.py",
+    "integration/engine/test_vllm_local.py",
+    "integration/engine/test_engine_mismatch_injection.py",
+    "integration/train/test_train_pool.py",
+    "integration/rollout/test_chat_families_vllm.py",
+    "integration/engine/test_engine_crash.py",
     "integration/train/test_train_learns.py",
+    "integration/endpoint/test_endpoint_vllm.py",
+    "integration/train/test_train_injection.py",
+    "sandbox",
 )
-"""Groups handed out first, longest first (from `--durations` of fresh-clone runs: 130-600 s
-each). xdist gives whole groups to whichever worker is free, in collection order, so a long
-group collected late runs alone at the end while the other worker idles."""
+"""Groups handed out first, longest first (from `--durations=0` of a fresh-clone run:
+about 85-430 s each). xdist gives whole groups to whichever worker is free, in collection
+order, so a long group collected late runs alone at the end while the other worker idles."""
 
 
 def _group(item: pytest.Item) -> str:
-    relative = Path(item.path).relative_to(_ROOT).as_posix()
+    return _group_of(Path(item.path).relative_to(_ROOT).as_posix())
+
+
+def _group_of(path: str) -> str:
+    """The group of a test file (its path relative to tests/, or from the rootdir)."""
+    relative = path.removeprefix("tests/")
     return "sandbox" if relative.startswith(_SANDBOX_USERS) else relative
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
     rank = {group: i for i, group in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(_group(item), len(rank)))  # stable: the rest in order
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist; without it, nothing to do
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Hand out whole groups (`_group`): a file, or every sandbox test together.
+
+    pytest-xdist 3.8's own `loadgroup` never grouped (its `xdist_group` marks did not reach
+    the node ids), so each file's module fixtures, engines included, were built once per
+    worker; this scheduler groups by scope instead.
+    """
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False  # keep LONGEST_FIRST's order, not test counts
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group_of(nodeid.split("::", 1)[0])
+
+    return GroupScheduling(config, log)
