@@ -34,7 +34,8 @@ import httpx
 import yaml
 
 from tir_rl.config import load
-from tir_rl.launch import free_port, pool_overrides, running_servers, server_plans, trainer_config
+from tir_rl.distributed import free_port
+from tir_rl.launch import pool_overrides, running_servers, server_plans, trainer_config
 from tir_rl.run_config import RunConfig
 from tir_rl.runtime import env_factory, open_runtime, task_specs
 

@@ -158,11 +158,11 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     import yaml
 
     from tir_rl.config import load
+    from tir_rl.distributed import free_port
     from tir_rl.engine.weights_io import default_weights_dir
     from tir_rl.launch import (
         LAUNCH_DIR,
         TRAIN_CONFIG,
-        free_port,
         launch_local,
         plan_local_launch,
         slurm_script,

@@ -65,15 +65,6 @@ class LaunchPlan:
     weights_dir: Path
 
 
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on now."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def trainer_config(config: RunConfig) -> dict[str, Any]:
     """`config` as a tree whose engine section keeps only what applies to servers.
 
