@@ -9,8 +9,9 @@ a config whose engine is the pool of those servers (`engine.kind: http`,
   torchrun's ranks with `--nproc-per-node`); the servers stop when the run ends, fails or
   is interrupted;
 - on a Slurm cluster (`slurm_script`): an sbatch script whose first node trains and whose
-  other nodes serve, one server each; the weights folder must be on a file system every
-  node mounts at the same path.
+  other nodes serve, one server each; with `engine.weight_transfer: file` the weights
+  folder must be on a file system every node mounts at the same path, with `nccl` the
+  weights go from the trainer's node to the servers' GPUs over NCCL.
 
 Why torchrun, `vllm serve` and Slurm rather than Ray: docs/design.md ("Scaling out").
 """
@@ -246,10 +247,12 @@ def slurm_script(
     """
     if servers < 1:
         raise ConfigError(f"tir-rl launch --servers {servers}: give at least 1")
-    if not weights_dir:
+    transfer = config.engine.weight_transfer
+    if not weights_dir and not transfer.by_vllm_engine:
         raise ConfigError(
-            "a multi-node launch needs --weights-dir: a folder on a file system that the "
-            "trainer node and every server node mount at the same path"
+            "a multi-node launch with engine.weight_transfer=file needs --weights-dir: a "
+            "folder on a file system that the trainer node and every server node mount at "
+            "the same path (or set engine.weight_transfer=nccl to send the weights over NCCL)"
         )
     trainer_config(config)  # refuses a config that is not a local engine's
     local = dataclasses.replace(config.engine, kind=EngineKind.LOCAL)
@@ -258,6 +261,10 @@ def slurm_script(
     if nproc_per_node > 1:
         train += f" --nproc-per-node {nproc_per_node}"
     logs = config.run_dir / LAUNCH_DIR
+    if transfer.by_vllm_engine:  # the servers join the trainer's transfer group on node 0
+        weights = '--set "engine.transfer_address=${nodes[0]}"'
+    else:
+        weights = f"--set engine.weights_dir={shlex.quote(weights_dir)}"
     return f"""#!/bin/bash
 #SBATCH --job-name=tir-rl-{config.run.name}
 #SBATCH --nodes={servers + 1}
@@ -282,5 +289,5 @@ done
 joined=$(IFS=,; echo "${{urls[*]}}")
 srun --nodes=1 --ntasks=1 -w "${{nodes[0]}}" {train} \\
     --set engine.kind=http --set "engine.http.base_urls=[$joined]" \\
-    --set engine.weights_dir={shlex.quote(weights_dir)}
+    {weights}
 """

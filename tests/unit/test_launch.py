@@ -76,3 +76,18 @@ def test_the_slurm_script_trains_on_node_0_and_serves_on_the_others(tmp_path):
         slurm_script(config, tmp_path / "train.yaml", servers=2, weights_dir="")
     with pytest.raises(ConfigError, match="at least 1"):
         slurm_script(config, tmp_path / "train.yaml", servers=0, weights_dir="/w")
+
+
+def test_with_nccl_the_servers_take_the_transfer_and_the_slurm_script_needs_no_shared_folder(
+    tmp_path,
+):
+    config = _config(tmp_path, "engine.weight_transfer=nccl")
+    plan = plan_local_launch(config, servers=1, ports=[9001], weights_dir=tmp_path / "w")
+    flags = plan.servers[0].command
+    assert flags[flags.index("--weight-transfer-config") + 1] == '{"backend": "nccl"}'
+    assert trainer_config(config)["engine"]["weight_transfer"] == "nccl"
+    script = slurm_script(config, tmp_path / "train.yaml", servers=2, weights_dir="")
+    assert "--weight-transfer-config" in script
+    assert '--set "engine.transfer_address=${nodes[0]}"' in script
+    assert "engine.weights_dir" not in script
+    subprocess.run([shutil.which("bash") or "bash", "-n"], input=script, text=True, check=True)

@@ -47,6 +47,8 @@ HTTP_KEYS = (
     "allow_other_logprobs_mode",
     "allow_truncated_sampling",
     "weights_dir",
+    "weight_transfer",
+    "transfer_address",
 )
 """Flat `engine` keys that also apply to `kind: http` (checked against the server, or
 where the weights go); every other flat key configures the local engine only."""
@@ -62,8 +64,8 @@ class EngineConfig(VLLMLocalEngine.Config):
     run's `model` with `VLLM_SERVER_DEV_MODE=1` (see docs/scale.md). With `http` the only
     flat keys that apply are `dtype` and
     `logprobs_mode` (what the server must use, checked on connect), the two `allow_*` keys,
-    and `weights_dir` (required: a folder the server reads at the same path); the others
-    are refused."""
+    `weight_transfer` and `transfer_address`, and `weights_dir` (required with the `file`
+    transfer: a folder the server reads at the same path); the others are refused."""
     http: ServerAddress = field(default_factory=ServerAddress)
     """The server (only with `kind: http`)."""
 
@@ -103,12 +105,13 @@ class EngineConfig(VLLMLocalEngine.Config):
             )
         if len(set(self.http.base_urls)) != len(self.http.base_urls):
             raise ConfigError(f"engine.http.base_urls lists a server twice: {self.http.base_urls}")
-        if self.weights_dir is None:
+        if self.weights_dir is None and not self.weight_transfer.by_vllm_engine:
             raise ConfigError(
                 "engine.kind is http but engine.weights_dir is not set: the trainer's weights "
                 "reach the server through this folder, which the server must read at the same "
                 "path (e.g. /dev/shm/tir-rl-weights for a server on this machine, or a shared "
-                "file system)."
+                "file system). Or send them over the network: engine.weight_transfer=nccl "
+                "(GPUs) or gloo (CPUs), with the servers started for it (docs/scale.md)."
             )
         for url in self.server_urls():
             self.http_config(url).validate()
@@ -134,6 +137,8 @@ class EngineConfig(VLLMLocalEngine.Config):
             allow_other_logprobs_mode=self.allow_other_logprobs_mode,
             allow_truncated_sampling=self.allow_truncated_sampling,
             weights_dir=self.weights_dir,
+            weight_transfer=self.weight_transfer,
+            transfer_address=self.transfer_address,
         )
 
 
@@ -179,12 +184,13 @@ def _build_pool(config: EngineConfig, model_path: Path) -> EnginePool:
             engine = VLLMHttpEngine(config.http_config(url))
             members.append((url, engine))
             _check_served_model(engine, model_path)
-        assert config.weights_dir is not None  # validated
         pool = EnginePool(
             members,
             weights_dir=config.weights_dir,
             routing=config.http.routing,
             seed=config.seed or 0,
+            transfer=config.weight_transfer,
+            transfer_address=config.transfer_address,
         )
         logger.info("resetting %d servers to the weights of %s", len(members), model_path)
         asyncio.run(pool.update_weights(read_checkpoint_weights(model_path), version=0))

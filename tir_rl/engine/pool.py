@@ -13,19 +13,23 @@ its key moves there. Every other `EngineError` belongs to the request and is rai
 When no member is left, the request raises `EngineUnavailableError`. `stats()` counts the
 members up and the failovers, for the run's metrics.
 
-Weights. `update_weights` publishes the state dict once (`weights_io.publish_state_dict`,
-a folder every member reads) and has every member that is up load it, concurrently. A
-member that cannot be reached while loading is marked down; any other load failure is
-raised, since the members would then hold different weights. After an update returns,
-every member up holds `version`. `join` adds a member and first loads the last published
-version into it, so a server that joins late samples with the pool's weights. Updates and
-joins must not overlap (the run's weight sync makes one at a time); requests may run
-during both, as each member's own update semantics allow.
+Weights. With `transfer` `file`, `update_weights` publishes the state dict once
+(`weights_io.publish_state_dict`, a folder every member reads) and has every member that is
+up load it, concurrently. With a transfer by vLLM's engines (`nccl`, `gloo`;
+`tir_rl.engine.transfer`), one group spans the trainer and every member's workers and one
+send reaches them all. A member that cannot be reached while loading is marked down (with a
+transfer, the send is then made again to the members left, in a group formed anew); any
+other load failure is raised, since the members would then hold different weights. After an
+update returns, every member up holds `version`. `join` adds a member and first loads the
+last published version into it, so a server that joins late samples with the pool's weights
+(file transfer only). Updates and joins must not overlap (the run's weight sync makes one at
+a time); requests may run during both, as each member's own update semantics allow.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import random
@@ -37,6 +41,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from tir_rl.engine.base import Engine, GenerateRequest, GenerateResult, ModelInfo
+from tir_rl.engine.transfer import (
+    TransferError,
+    TransferGroup,
+    TransferReceiver,
+    WeightTransfer,
+    send_by_transfer,
+)
 from tir_rl.engine.weights_io import PublishedWeights, publish_state_dict
 from tir_rl.errors import ConfigError, EngineError, EngineUnavailableError
 
@@ -101,27 +112,40 @@ class EnginePool:
         self,
         members: Sequence[tuple[str, PoolMember]],
         *,
-        weights_dir: Path | str,
+        weights_dir: Path | str | None,
         routing: Routing = Routing.STICKY,
         seed: int = 0,
+        transfer: WeightTransfer = WeightTransfer.FILE,
+        transfer_address: str = "127.0.0.1",
     ) -> None:
         """Pool `members` (name, engine), which must serve the same model the same way.
 
         Args:
             members: at least one (name, engine); the name appears in messages and logs.
-            weights_dir: the folder updates are published to; every member must read it at
-                the same path.
+            weights_dir: the folder updates are published to with `transfer` `file`; every
+                member must read it at the same path.
             routing: how a request picks its member (`Routing`).
             seed: seeds `Routing.RANDOM`'s draws.
+            transfer: how the weights reach the members (`tir_rl.engine.transfer`).
+            transfer_address: this machine's address as the members reach it (`nccl`, `gloo`).
 
         Raises:
-            ConfigError: no member, or members that disagree on the model or the dtype.
+            ConfigError: no member, members that disagree on the model or the dtype, or no
+                `weights_dir` for the file transfer.
         """
         if not members:
             raise ConfigError("an engine pool needs at least one engine")
+        transfer = WeightTransfer(transfer)
+        if weights_dir is None and not transfer.by_vllm_engine:
+            raise ConfigError(
+                "an engine pool with weight_transfer=file needs a weights_dir every member reads"
+            )
         self._members: list[_Member] = []
         self._keys: OrderedDict[str, _Member] = OrderedDict()
-        self._weights_dir = Path(weights_dir)
+        self._weights_dir = None if weights_dir is None else Path(weights_dir)
+        self._transfer = (
+            TransferGroup(transfer, address=transfer_address) if transfer.by_vllm_engine else None
+        )
         self._published: PublishedWeights | None = None
         self._version = 0
         self._failovers = 0
@@ -205,6 +229,12 @@ class EnginePool:
             EngineUnavailableError: no member was left to load it.
             EngineError: a member that is up failed to load it.
         """
+        if self._transfer is not None:
+            await self._send_everywhere(self._transfer, state_dict, version)
+            if version is not None:
+                self._version = version
+            return
+        assert self._weights_dir is not None  # checked in __init__
         published = await asyncio.to_thread(
             publish_state_dict, state_dict, self._weights_dir, version=version
         )
@@ -231,8 +261,40 @@ class EnginePool:
         if not self.members_up():
             raise self._none_left()
 
+    async def _send_everywhere(
+        self, group: TransferGroup, state_dict: Mapping[str, torch.Tensor], version: int | None
+    ) -> None:
+        """One transfer to every member up; once more to those left if some became unreachable."""
+        for attempt in range(2):
+            live = self.members_up()
+            if not live:
+                raise self._none_left()
+            receivers = [_receiver(m) for m in live]
+            by_client = {r.transfer_client().name: m for r, m in zip(receivers, live, strict=True)}
+            failures = await send_by_transfer(group, receivers, state_dict, version)
+            if not failures:
+                return
+            lost = [
+                (by_client[n], exc)
+                for n, exc in failures.items()
+                if _unreachable(by_client[n], exc)
+            ]
+            with self._lock:
+                for member, exc in lost:
+                    self._mark_down(member, exc)
+            if not lost or attempt == 1:
+                name, exc = next(iter(failures.items()))
+                raise EngineError(f"{name} failed to receive the weights: {exc}") from exc
+            logger.warning(
+                "weight transfer: %d member(s) unreachable; sending again to the %d left",
+                len(lost), len(self.members_up()),
+            )  # fmt: skip
+
     def close(self) -> None:
         """Close every member (idempotent)."""
+        if self._transfer is not None:
+            with contextlib.suppress(Exception):
+                self._transfer.close()
         for member in self._members:
             member.engine.close()
 
@@ -246,6 +308,12 @@ class EnginePool:
             EngineError: it failed to load the pool's weights (it is not added).
         """
         self._check(name, engine)
+        if self._transfer is not None:
+            raise ConfigError(
+                f"{name} cannot join: a pool whose weights travel by "
+                f"{self._transfer.transfer.value} cannot bring a new member up to date yet "
+                "(weight_transfer=file can)"
+            )
         if self._published is not None:
             await engine.load_published(self._published)
         with self._lock:
@@ -330,6 +398,28 @@ class EnginePool:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _receiver(member: _Member) -> TransferReceiver:
+    if not isinstance(member.engine, TransferReceiver):
+        raise ConfigError(
+            f"{member.name}: {type(member.engine).__name__} cannot receive a weight transfer"
+        )
+    return member.engine
+
+
+def _unreachable(member: _Member, failure: BaseException) -> bool:
+    """Whether `member` is gone: its failure says so, or it no longer answers."""
+    cause = failure.cause if isinstance(failure, TransferError) else failure
+    if isinstance(cause, EngineUnavailableError):
+        return True
+    try:
+        _receiver(member).transfer_client().world_size()
+    except EngineUnavailableError:
+        return True
+    except Exception:
+        return False
+    return False
 
 
 def _check_same_model(first: _Member, name: str, info: ModelInfo) -> None:

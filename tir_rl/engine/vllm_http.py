@@ -15,8 +15,10 @@ text stops, so the full completion comes back and is cut right after the first s
 sequence on ids (the tokens up to the cut are identical to a native stop; only the
 compute after it is wasted).
 
-Weight updates: vLLM 0.32's `/update_weights` endpoint needs a weight-transfer backend
-(NCCL or CUDA IPC) and cannot take a plain state dict. This engine publishes the state dict
+Weight updates (`weight_transfer`, see `tir_rl.engine.transfer`): with `nccl` or `gloo` the
+weights go through vLLM's transfer engines and its `/update_weights` routes (the server is
+started with the matching `--weight-transfer-config`). With `file` (the default) this
+engine publishes the state dict
 under `Config.weights_dir` (a folder the server sees at the same path; each version in a
 folder of its own, marked ready before the server is told of it) and calls the dev-mode
 endpoint `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path":
@@ -50,6 +52,12 @@ from tir_rl.engine.base import (
     truncate_at_stop_sequence,
 )
 from tir_rl.engine.pool import Routing
+from tir_rl.engine.transfer import (
+    TransferGroup,
+    TransferRound,
+    WeightTransfer,
+    send_by_transfer,
+)
 from tir_rl.engine.weights_io import PublishedWeights, check_published, publish_state_dict
 from tir_rl.errors import ConfigError, EngineError, EngineUnavailableError
 
@@ -113,7 +121,13 @@ class VLLMHttpEngine:
         allow_truncated_sampling: bool = False
         """Accept top-p / top-k requests (only with a correction configured for them)."""
         weights_dir: str | None = None
-        """Folder shared with the server (same path on both sides) for `update_weights`."""
+        """Folder shared with the server (same path on both sides) for `update_weights`
+        with `weight_transfer: file`."""
+        weight_transfer: WeightTransfer = WeightTransfer.FILE
+        """How weights reach the server (`tir_rl.engine.transfer`); `nccl`/`gloo` need the
+        server started with `--weight-transfer-config '{"backend": "nccl"}'` (or gloo)."""
+        transfer_address: str = "127.0.0.1"
+        """This machine's address as the server reaches it (the transfer group's rendezvous)."""
 
         def validate(self) -> None:
             """Raise `ConfigError` for unusable values."""
@@ -140,6 +154,7 @@ class VLLMHttpEngine:
         self.config = config
         self._closed = False
         self._version = 0
+        self._transfer_group: TransferGroup | None = None
         self._loop = LoopThread("tir-rl-vllm-http")
         try:
             self._gate = self._loop.run_sync(_make_gate())
@@ -323,16 +338,25 @@ class VLLMHttpEngine:
     async def update_weights(
         self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None
     ) -> None:
-        """Write `state_dict` to the shared `weights_dir` and make the server reload it.
+        """Send `state_dict` to the server: by transfer, or through the shared `weights_dir`.
 
         Lands between requests (see the module docstring); later requests carry `version`
         (None keeps the current label).
 
         Raises:
-            ConfigError: no `weights_dir` configured.
-            EngineError: the server lacks the dev-mode endpoints or the reload failed.
+            ConfigError: no `weights_dir` configured for `weight_transfer: file`.
+            EngineError: the server lacks the dev-mode endpoints or the update failed.
         """
         self._check_open()
+        if self.config.weight_transfer.by_vllm_engine:
+            if self._transfer_group is None:
+                self._transfer_group = TransferGroup(
+                    self.config.weight_transfer, address=self.config.transfer_address
+                )
+            failures = await send_by_transfer(self._transfer_group, [self], state_dict, version)
+            if failures:
+                raise next(iter(failures.values()))
+            return
         if self.config.weights_dir is None:
             raise ConfigError(
                 "VLLMHttpEngine.update_weights needs engine.weights_dir: a folder the server "
@@ -366,6 +390,22 @@ class VLLMHttpEngine:
             await self._reload(str(weights.folder.resolve()))
             if weights.version is not None:
                 self._version = weights.version
+
+    def transfer_client(self) -> HttpTransferClient:
+        """The server's weight-sync routes, for a `TransferGroup`."""
+        return HttpTransferClient(self.config)
+
+    async def receive_transfer(self, round_: TransferRound, version: int | None) -> None:
+        """Hold requests as for an update while `round_` sends; then label `version`."""
+        self._check_open()
+        await self._loop.run(self._receive_transfer(round_, version))
+
+    async def _receive_transfer(self, round_: TransferRound, version: int | None) -> None:
+        async with self._gate.update():
+            await asyncio.to_thread(round_.hold)
+            await self._request("POST", "/reset_prefix_cache")
+            if version is not None:
+                self._version = version
 
     async def _reload(self, folder: str) -> None:
         body = {"method": "reload_weights", "kwargs": {"weights_path": folder}}
@@ -430,6 +470,10 @@ class VLLMHttpEngine:
         if self._closed:
             return
         self._closed = True
+        group = getattr(self, "_transfer_group", None)
+        if group is not None:
+            with contextlib.suppress(Exception):
+                group.close()
         client = getattr(self, "_client", None)
         if client is not None:
             with contextlib.suppress(Exception):
@@ -441,6 +485,69 @@ class VLLMHttpEngine:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class HttpTransferClient:
+    """A server's weight-sync routes (vLLM's `/init_weight_transfer_engine` and the rest).
+
+    Blocking calls (the transfer backends drive them from threads); a server that cannot be
+    reached raises `EngineUnavailableError`, any other failure `EngineError`.
+    """
+
+    def __init__(self, config: VLLMHttpEngine.Config) -> None:
+        self.name = config.base_url
+        self._config = config
+
+    def world_size(self) -> int:
+        """The engine's workers: the ranks it takes in the group."""
+        return int(self._call("GET", "/get_world_size")["world_size"])
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        """Join the trainer's transfer group."""
+        self._call("POST", "/init_weight_transfer_engine", {"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        """Begin an update (vLLM's layerwise reload)."""
+        self._call("POST", "/start_weight_update")
+
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        """Receive one update and load it."""
+        self._call("POST", "/update_weights", {"update_info": update_info})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        """End the update (vLLM's layerwise reload finishes the layers)."""
+        body = None if weight_version is None else {"weight_version": weight_version}
+        self._call("POST", "/finish_weight_update", body)
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        """Leave the trainer's transfer group."""
+        self._call("POST", "/shutdown_weight_transfer_engine")
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        import httpx
+
+        c = self._config
+        headers = {"Authorization": f"Bearer {c.api_key}"} if c.api_key else {}
+        url = f"{c.base_url.rstrip('/')}{path}"
+        try:
+            response = httpx.request(
+                method,
+                url,
+                json=body,
+                headers=headers,
+                timeout=httpx.Timeout(c.timeout_s, connect=c.connect_timeout_s),
+            )
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError,
+                httpx.ReadError, httpx.WriteError) as exc:  # fmt: skip
+            raise EngineUnavailableError(f"{c.base_url} is unreachable: {exc}") from exc
+        if response.status_code == 404:
+            raise EngineError(
+                f"{c.base_url} has no {path} route: start it with VLLM_SERVER_DEV_MODE=1 and "
+                f"--weight-transfer-config '{{\"backend\": \"{c.weight_transfer.value}\"}}'"
+            )
+        if response.status_code >= 400:
+            raise EngineError(f"{method} {url}: {response.status_code} {_error_text(response)}")
+        return response.json() if response.content else None
 
 
 class _UpdateGate:
@@ -551,4 +658,5 @@ def serve_command(
         cmd += ["--kv-cache-memory-bytes", str(int(config.kv_cache_gib * (1 << 30)))]
     if served_model_name is not None:
         cmd += ["--served-model-name", served_model_name]
+    cmd += config.weight_transfer.server_flag()
     return cmd

@@ -48,6 +48,13 @@ from tir_rl.engine.base import (
     check_truncated_sampling,
 )
 from tir_rl.engine.reaping import EngineGuard, reap_leftovers
+from tir_rl.engine.transfer import (
+    TransferGroup,
+    TransferRound,
+    WeightTransfer,
+    check_transfer_available,
+    send_by_transfer,
+)
 from tir_rl.engine.weights_io import (
     PublishedWeights,
     check_published,
@@ -130,6 +137,13 @@ class VLLMLocalEngine:
         """Accept top-p / top-k requests (only with a correction configured for them)."""
         weights_dir: str | None = None
         """Folder for weight updates; None: a private folder in /dev/shm, removed on close."""
+        weight_transfer: WeightTransfer = WeightTransfer.FILE
+        """How the trainer's weights reach the engine (`tir_rl.engine.transfer`): `file` (a
+        folder it reloads), `nccl` or `ipc` (vLLM's transfer engines, CUDA; `ipc` when the
+        engine shares the trainer's GPU), or `gloo` (the NCCL protocol on CPUs)."""
+        transfer_address: str = "127.0.0.1"
+        """This machine's address as the engines reach it (the transfer group's
+        rendezvous for `nccl`/`gloo`; servers on other machines need a routable one)."""
         clear_kv_on_update: bool = True
         """On a weight update, drop every KV block: the prefix cache, and the context of the
         requests in flight, which is recomputed with the new weights. False keeps them, so
@@ -154,7 +168,9 @@ class VLLMLocalEngine:
 
     def __init__(self, config: Config) -> None:
         config.validate()
+        check_transfer_available(config.weight_transfer)
         self.config = config
+        self._transfer_group: TransferGroup | None = None
         self._ids = itertools.count()
         self._closed = False
         self._warned_seed = False
@@ -200,6 +216,7 @@ class VLLMLocalEngine:
             gpu_memory_utilization=c.gpu_memory_utilization,
             max_num_seqs=c.max_num_seqs,
             disable_log_stats=True,
+            weight_transfer_config=_weight_transfer_config(c.weight_transfer),
             **{
                 name: getattr(c, name)
                 for name in ("block_size", "max_num_batched_tokens")
@@ -399,6 +416,15 @@ class VLLMLocalEngine:
         self._check_open()
         if not state_dict:
             raise ConfigError("update_weights got an empty state dict")
+        if self.config.weight_transfer.by_vllm_engine:
+            if self._transfer_group is None:
+                self._transfer_group = TransferGroup(
+                    self.config.weight_transfer, address=self.config.transfer_address
+                )
+            failures = await send_by_transfer(self._transfer_group, [self], state_dict, version)
+            if failures:
+                raise next(iter(failures.values()))
+            return
         if self._weights_dir is None:
             self._weights_dir = default_weights_dir("tir-rl-weights-")
         await self._loop.run(self._update(state_dict, version))
@@ -427,6 +453,34 @@ class VLLMLocalEngine:
         async with self._update_lock:
             await self._reload(str(weights.folder.resolve()), weights.version)
 
+    def transfer_client(self) -> LocalTransferClient:
+        """The engine's weight-sync calls, for a `TransferGroup`."""
+        return LocalTransferClient(self)
+
+    async def receive_transfer(self, round_: TransferRound, version: int | None) -> None:
+        """Pause between two steps (requests in flight kept) while `round_` sends."""
+        self._check_open()
+        await self._loop.run(self._receive_transfer(round_, version))
+
+    async def _receive_transfer(self, round_: TransferRound, version: int | None) -> None:
+        assert self._update_lock is not None
+        async with self._update_lock:
+            await self._llm.pause_generation(
+                mode="keep", clear_cache=self.config.clear_kv_on_update
+            )
+            try:
+                await asyncio.to_thread(round_.hold)
+                if version is not None:
+                    await self._llm.update_weight_version(str(version))
+                    self._version = version
+            finally:
+                await self._llm.resume_generation()
+
+    def _call_engine(self, name: str, *args: Any) -> Any:
+        """Run `AsyncLLM.<name>(*args)` on the engine's loop, from another thread."""
+        self._check_open()
+        return self._loop.run_sync(getattr(self._llm, name)(*args))
+
     async def _reload(self, folder: str, version: int | None) -> None:
         await self._llm.pause_generation(mode="keep", clear_cache=self.config.clear_kv_on_update)
         try:
@@ -447,6 +501,9 @@ class VLLMLocalEngine:
         if self._closed:
             return
         self._closed = True
+        if self._transfer_group is not None:
+            with contextlib.suppress(Exception):
+                self._transfer_group.close()
         with contextlib.suppress(Exception):
             self._loop.run_sync(_shutdown(self._llm), timeout_s=60)
         self._llm = None  # let vLLM's __del__ run now, not at interpreter exit
@@ -460,6 +517,55 @@ class VLLMLocalEngine:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class LocalTransferClient:
+    """A local engine's weight-sync calls (`AsyncLLM`'s), blocking, for a `TransferGroup`."""
+
+    name = "local"
+
+    def __init__(self, engine: VLLMLocalEngine) -> None:
+        self._engine = engine
+
+    def world_size(self) -> int:
+        """The engine's workers: the ranks it takes in the group."""
+        llm = self._engine._llm
+        return int(llm.vllm_config.parallel_config.world_size_across_dp)
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        """Join the trainer's transfer group."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        request = WeightTransferInitRequest(init_info=init_info)
+        self._engine._call_engine("init_weight_transfer_engine", request)
+
+    def start_weight_update(self) -> None:
+        """Begin an update (vLLM's layerwise reload)."""
+        self._engine._call_engine("start_weight_update")
+
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        """Receive one update and load it."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        request = WeightTransferUpdateRequest(update_info=update_info)
+        self._engine._call_engine("update_weights", request)
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        """End the update (vLLM's layerwise reload finishes the layers)."""
+        self._engine._call_engine("finish_weight_update")
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        """Leave the trainer's transfer group."""
+        self._engine._call_engine("shutdown_weight_transfer_engine")
+
+
+def _weight_transfer_config(transfer: WeightTransfer) -> Any:
+    """The `WeightTransferConfig` vLLM takes for a transfer by its engines (None: `file`)."""
+    if not transfer.by_vllm_engine:
+        return None
+    from vllm.config.weight_transfer import WeightTransferConfig
+
+    return WeightTransferConfig(backend=transfer.value)
 
 
 _RESERVED_CORES_VAR = "VLLM_CPU_NUM_OF_RESERVED_CPU"

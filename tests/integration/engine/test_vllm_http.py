@@ -8,6 +8,7 @@ import torch
 
 from tir_rl.engine import GenerateRequest, VLLMHttpEngine, VLLMLocalEngine
 from tir_rl.engine.parity import probe_parity, transformers_logprobs
+from tir_rl.engine.transfer import WeightTransfer
 from tir_rl.errors import ConfigError, EngineError, ParityError
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -24,7 +25,11 @@ def _free_port():
 @pytest.fixture(scope="module")
 def server(tiny_model_path, vllm_serve):
     config = VLLMLocalEngine.Config(
-        model_path=str(tiny_model_path), max_model_len=256, kv_cache_gib=0.0625, max_num_seqs=32
+        model_path=str(tiny_model_path),
+        max_model_len=256,
+        kv_cache_gib=0.0625,
+        max_num_seqs=32,
+        weight_transfer=WeightTransfer.GLOO,  # takes file updates too
     )
     with vllm_serve(config, served_model_name="tiny") as url:
         yield url
@@ -118,3 +123,21 @@ def test_update_weights_needs_a_weights_dir(server):
     with VLLMHttpEngine(VLLMHttpEngine.Config(base_url=server)) as engine:
         with pytest.raises(ConfigError, match="weights_dir"):
             asyncio.run(engine.update_weights({"x": torch.zeros(1)}))
+
+
+def test_update_weights_by_gloo_transfer_and_parity(server, hf_model, perturbed_model, probe_ids):
+    config = VLLMHttpEngine.Config(
+        base_url=server, served_model_name="tiny", weight_transfer=WeightTransfer.GLOO
+    )
+    with VLLMHttpEngine(config) as engine:
+        asyncio.run(engine.update_weights(perturbed_model.state_dict(), version=7))
+        try:
+            assert engine.policy_version == 7
+            report = asyncio.run(probe_parity(engine, perturbed_model, probe_ids, tolerance=1e-3))
+            assert report.passed, report
+            with pytest.raises(ParityError):
+                asyncio.run(probe_parity(engine, hf_model, probe_ids, tolerance=1e-3))
+        finally:
+            asyncio.run(engine.update_weights(hf_model.state_dict(), version=8))
+        assert asyncio.run(probe_parity(engine, hf_model, probe_ids, tolerance=1e-3)).passed
+        assert engine._transfer_group is not None and engine._transfer_group.groups_formed == 1

@@ -7,6 +7,7 @@ import torch
 
 from tir_rl.engine import FinishReason, GenerateRequest, VLLMLocalEngine
 from tir_rl.engine.parity import probe_parity, transformers_logprobs
+from tir_rl.engine.transfer import WeightTransfer
 from tir_rl.errors import ConfigError, EngineError, ParityError
 
 pytestmark = pytest.mark.vllm
@@ -158,15 +159,22 @@ def _tokens_so_far(engine: VLLMLocalEngine) -> int:
                default=0)  # fmt: skip
 
 
-@pytest.mark.parametrize("clear_kv", [True, False], ids=["kv_cleared", "kv_kept"])
+# The two cases also cover both ways the weights arrive: a reloaded file, and vLLM's transfer
+# protocol (gloo, the CPU twin of nccl), each landing while a request is in flight.
+@pytest.mark.parametrize(
+    ("clear_kv", "transfer"),
+    [(True, WeightTransfer.FILE), (False, WeightTransfer.GLOO)],
+    ids=["kv_cleared-file", "kv_kept-gloo"],
+)
 def test_an_update_in_flight_keeps_the_request_and_labels_each_token_with_its_weights(
-    tiny_model_path, hf_model, perturbed_model, clear_kv
+    tiny_model_path, hf_model, perturbed_model, clear_kv, transfer
 ):
     config = VLLMLocalEngine.Config(
         model_path=str(tiny_model_path),
         max_model_len=MAX_MODEL_LEN,
         kv_cache_gib=0.0625,
         clear_kv_on_update=clear_kv,
+        weight_transfer=transfer,
     )
     with VLLMLocalEngine(config) as engine:
         assert engine.policy_version == 0

@@ -1,8 +1,10 @@
 """`tir-rl launch`: two real `vllm serve` servers and the trainer, one of them killed mid-run.
 
 The launch starts both servers from the config's local engine section, trains on them as a
-pool (`engine.http.base_urls`), and stops them when the run ends. One server is SIGKILLed
-after the first step; the run must finish its steps on the other, which must end with the
+pool (`engine.http.base_urls`), and stops them when the run ends. The weights travel by
+vLLM's transfer protocol (`engine.weight_transfer: gloo`, the CPU twin of nccl): one group
+spans the trainer and both servers. One server is SIGKILLed after the first step; the run
+must finish its steps on the other, whose group is formed anew and which must end with the
 trained weights, and no server process may outlive the launch.
 """
 
@@ -41,7 +43,7 @@ def _config(tmp_path: Path) -> Path:
         },
         # the tests' fake-reward env (rewards every other episode), imported by the trainer
         "env": {"id": "test_train_tiny:FakeParityRewardEnv", "kwargs": {"horizon": 2}},
-        "engine": {"max_model_len": 2048, "kv_cache_gib": 0.25},
+        "engine": {"max_model_len": 2048, "kv_cache_gib": 0.25, "weight_transfer": "gloo"},
         "rollout": {"max_turns": 2, "max_tokens_per_turn": 24, "end_on_truncated_turn": False},
         "trainer": {"lr": 1e-3},
         "correction_preset": "geo_rs_token_tis",
@@ -103,9 +105,16 @@ def test_a_launched_pool_trains_and_a_killed_server_leaves_the_run_going(tmp_pat
 
     # After the kill the survivor took every sync, and its parity probe passed.
     assert rows[-1]["sync/parity_max_abs_diff"] < 1e-3
-    # Both servers sampled before the kill: new episodes go to the least-loaded one.
+    # Both servers sampled before the kill: new episodes go to the least-loaded one. Both
+    # joined the first transfer group; the survivor joined a second one after the kill; no
+    # weights went through files.
+    joins = []
     for server_log in sorted((run_dir / "launch").glob("server-*.log")):
-        assert "POST /v1/completions" in server_log.read_text(), server_log.name
+        text = server_log.read_text()
+        assert "POST /v1/completions" in text, server_log.name
+        assert "POST /collective_rpc" not in text, server_log.name
+        joins.append(text.count("POST /init_weight_transfer_engine"))
+    assert min(joins) >= 1 and max(joins) >= 2, joins
 
 
 def _rows(run_dir: Path) -> list[dict]:
