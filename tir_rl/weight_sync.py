@@ -11,8 +11,10 @@
 After optimizer step k the engine gets the trainer's weights, unless `inject` is set: then
 it gets `MismatchInjection.sampler_state` (transformed weights), or nothing on a stale step
 (`inject.sync_every` > 1), and the probe logs the gap instead of raising (`ParityError`
-otherwise). The weights travel to the engine as a file (`tir_rl.engine.weights_io`); the
-probe is `tir_rl.engine.parity`.
+otherwise). How the weights travel is the engine's `engine.weight_transfer`
+(`tir_rl.engine.transfer`: a published file, or vLLM's nccl / ipc / gloo transfer engines);
+the probe is `tir_rl.engine.parity`. A pool's servers are each checked: the version they
+label tokens with, and their parity.
 
 A clean evaluation (`run.eval_clean_sampler`) lends the engine the trainer's exact weights
 (`rank0_exact_weights`) and then hands back what the sampler had: the stale copy kept at
@@ -34,7 +36,7 @@ from typing import TYPE_CHECKING
 from tir_rl import distributed as tdist
 from tir_rl.engine import parity
 from tir_rl.engine.pool import pool_of
-from tir_rl.errors import EngineUnavailableError, ParityError
+from tir_rl.errors import EngineError, EngineUnavailableError, ParityError
 from tir_rl.mismatch.injection import MismatchInjection
 
 if TYPE_CHECKING:
@@ -124,6 +126,11 @@ class WeightSync:
             return await self._probe(engine, prepared)
         reports = []
         for name, member in pool.engines_up():  # every server holds its own copy
+            if member.policy_version != version:  # all sample with one version, or none runs
+                raise EngineError(
+                    f"{name} labels its tokens with policy version {member.policy_version} "
+                    f"after the sync to version {version}: the pool's servers disagree"
+                )
             try:
                 reports.append(await self._probe(member, prepared))
             except EngineUnavailableError as exc:

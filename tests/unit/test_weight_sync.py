@@ -148,3 +148,44 @@ def test_a_clean_lend_without_a_stale_copy_recomputes_the_injected_weights():
     assert lent is full
     expected = MismatchInjection(injection).sampler_state(full, 1, force=True)
     assert torch.equal(restored[FINAL_NORM_KEY], expected[FINAL_NORM_KEY])
+
+
+class PoolServer(RecordingEngine):
+    """A pool member (loads published weights); `lags` keeps it on its old version label."""
+
+    def __init__(self, logprobs: list[float], *, lags: bool = False) -> None:
+        super().__init__(logprobs)
+        self.lags = lags
+        self.version = 0
+
+    @property
+    def policy_version(self) -> int:
+        return self.version
+
+    async def load_published(self, weights) -> None:
+        if not self.lags and weights.version is not None:
+            self.version = weights.version
+
+    async def generate(self, request):
+        raise AssertionError("a weight sync samples nothing")
+
+    def close(self) -> None:
+        pass
+
+
+def test_every_server_of_a_pool_must_hold_the_synced_version(tmp_path):
+    from tir_rl.engine.pool import EnginePool
+    from tir_rl.errors import EngineError
+
+    trainer, sync = FakeTrainer(), sync_with()
+    good = PoolServer(trainer_probe(trainer))
+    pool = EnginePool(
+        [("s0", good), ("s1", PoolServer(good.logprobs))], weights_dir=tmp_path / "a"
+    )
+    report = asyncio.run(sync.rank0_send(pool, sync.prepare(trainer, num_updates=1), 1))
+    assert report.passed
+
+    lagging = PoolServer(trainer_probe(trainer), lags=True)
+    pool = EnginePool([("s0", good), ("s1", lagging)], weights_dir=tmp_path / "b")
+    with pytest.raises(EngineError, match="s1 labels its tokens with policy version 0"):
+        asyncio.run(sync.rank0_send(pool, sync.prepare(trainer, num_updates=2), 2))

@@ -14,6 +14,7 @@ import threading
 
 import pytest
 import torch
+from test_pool import INFO, FakeMember
 
 from tir_rl.engine.pool import EnginePool
 from tir_rl.engine.transfer import (
@@ -25,8 +26,6 @@ from tir_rl.engine.transfer import (
     check_transfer_available,
 )
 from tir_rl.errors import ConfigError, EngineError, EngineUnavailableError
-
-from test_pool import INFO, FakeMember
 
 
 class FakeTransferClient:
@@ -208,7 +207,7 @@ def test_a_pool_refuses_a_join_it_cannot_bring_up_to_date_and_a_file_pool_needs_
         EnginePool([("m0", FakeMember(0))], weights_dir=None)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal needs a machine without CUDA")
 @pytest.mark.parametrize("transfer", [WeightTransfer.NCCL, WeightTransfer.IPC])
 def test_cuda_transfers_are_refused_without_cuda(transfer):
     with pytest.raises(ConfigError, match="needs CUDA"):
