@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from tir_rl.config import load
+from tir_rl.distributed import free_port
 from tir_rl.engine.parity import transformers_logprobs
 from tir_rl.models import prepare_tiny_model
 from tir_rl.report.run_log import load_trajectories, read_metrics
@@ -42,14 +43,6 @@ TINY = (
     "rollout.max_tokens_per_turn=24",
     "rollout.max_turns=4",
 )
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

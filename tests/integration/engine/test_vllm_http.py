@@ -1,11 +1,11 @@
 """A real `vllm serve` on loopback with a tiny model, reached through VLLMHttpEngine."""
 
 import asyncio
-import socket
 
 import pytest
 import torch
 
+from tir_rl.distributed import free_port
 from tir_rl.engine import GenerateRequest, VLLMHttpEngine, VLLMLocalEngine
 from tir_rl.engine.parity import probe_parity, transformers_logprobs
 from tir_rl.engine.transfer import WeightTransfer
@@ -14,12 +14,6 @@ from tir_rl.errors import ConfigError, EngineError, ParityError
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 PROMPT = [1, 504, 2462, 314, 253, 1789, 30, 198]
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +96,7 @@ def test_wrong_model_name_is_a_clear_error(server):
 
 def test_unreachable_server_is_retried_then_reported():
     config = VLLMHttpEngine.Config(
-        base_url=f"http://127.0.0.1:{_free_port()}", max_retries=2, backoff_s=0.01
+        base_url=f"http://127.0.0.1:{free_port()}", max_retries=2, backoff_s=0.01
     )
     with pytest.raises(EngineError, match="unreachable after 3 attempts"):
         VLLMHttpEngine(config)
