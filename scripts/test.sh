@@ -4,6 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# verifiers in a venv of its own (it needs openai<3), for the slow verifiers test (about 20 s
+# the first time, then a stamp check).
+if [[ "${TIR_RL_TEST_FAST:-0}" != 1 ]]; then
+    bash scripts/setup_verifiers.sh
+fi
 VENV=${TIR_RL_VENV:-$PWD/.venv}
 # Two workers: much of an integration test waits on an engine, a server or a subprocess, so
 # the two cores are better used by two tests at once (tests/conftest.py groups them).

@@ -33,6 +33,7 @@ LONGEST_FIRST = (
     "integration/engine/test_engine_crash.py",
     "integration/train/test_train_learns.py",
     "integration/endpoint/test_endpoint_vllm.py",
+    "integration/endpoint/test_verifiers_env.py",
     "integration/train/test_train_injection.py",
     "sandbox",
 )

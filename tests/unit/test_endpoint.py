@@ -193,7 +193,7 @@ def test_tool_choice_none_hides_the_tools(tokenizer):
         ("temperature", 0.7, "differs from the endpoint's 1.0"),
         ("top_p", 0.9, "top_p"),
         ("tool_choice", "required", "forcing a call"),
-        ("stream", True, "streaming"),
+        ("stream", "yes", "'stream' must be true or false"),
         ("stop", ["\n"], "token ids"),
         ("logit_bias", {"5": 2}, "logit_bias"),
         ("frobnicate", 1, "unknown request field"),
@@ -247,6 +247,45 @@ def test_the_official_openai_client_talks_to_the_server_and_the_episode_is_finis
         )
         gone = httpx.post(f"{server.url}/episodes/ep-1/finish", json={"reward": 1})
         assert gone.status_code == 404 and "no call was recorded" in gone.text
+
+
+def test_a_streamed_request_gets_the_recorded_completion_as_chunks(tokenizer):
+    openai = pytest.importorskip("openai")
+    endpoint, _ = endpoint_with(tokenizer, f"Checking.\n{CALL}", "Ada is a name.")
+    with EndpointServer(endpoint) as server:
+        client = openai.OpenAI(base_url=server.episode_base_url("ep-s"), api_key="none")
+        question = [{"role": "user", "content": "What is ada?"}]
+        with client.chat.completions.stream(
+            model="any",
+            messages=question,
+            tools=TOOLS,
+            logprobs=True,
+            stream_options={"include_usage": True},
+        ) as stream:
+            first = stream.get_final_completion()
+        message = first.choices[0].message
+        assert first.choices[0].finish_reason == "tool_calls"
+        assert message.content == "Checking."
+        assert message.tool_calls[0].function.name == "lookup"
+        assert json.loads(message.tool_calls[0].function.arguments) == {"word": "ada"}
+        (call,) = endpoint.recorder.calls("ep-s")
+        assert [e.logprob for e in first.choices[0].logprobs.content] == call.logprobs
+        assert first.usage.completion_tokens == len(call.completion_ids)
+        # The streamed turn, sent back, is the sampled one: the follow-up extends its tokens.
+        follow_up = [
+            *question,
+            message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "a name"},
+        ]
+        chunks = list(
+            client.chat.completions.create(
+                model="any", messages=follow_up, tools=TOOLS, stream=True
+            )
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Ada is a name."
+        assert chunks[-1].choices[0].finish_reason == "stop"
+        assert all(c.usage is None for c in chunks)
+    assert [c.extends_call for c in endpoint.recorder.calls("ep-s")] == [None, (0, 0)]
 
 
 def test_a_failed_agent_s_samples_carry_its_status(tokenizer):

@@ -10,7 +10,10 @@ draws (and so the logprobs the trainer recomputes) is honoured exactly or refuse
 - `top_p` < 1, `top_k`, `logit_bias`, presence/frequency penalties, `stop` strings,
   `tool_choice` "required" or a named function, structured `response_format`: each cuts or
   bends the distribution the tokens are drawn from, which the trainer does not reproduce.
-- `stream`, `top_logprobs` > 0, non-text content parts: not implemented.
+- `top_logprobs` > 0, non-text content parts: not implemented.
+
+`stream: true` is honoured: the completion is sampled whole and sent as one stream of chunks
+(`tir_rl.endpoint.streaming`).
 """
 
 from __future__ import annotations
@@ -125,8 +128,11 @@ def parse_chat_request(body: Mapping[str, Any]) -> ChatRequest:
 
 
 def _refuse_sampling_changes(body: Mapping[str, Any]) -> None:
-    if body.get("stream"):
-        raise RequestError("streaming is not implemented: send 'stream': false", param="stream")
+    if not isinstance(body.get("stream", False), bool | None):
+        raise RequestError("'stream' must be true or false", param="stream")
+    stream_options = body.get("stream_options")
+    if stream_options is not None and not isinstance(stream_options, Mapping):
+        raise RequestError("'stream_options' must be an object", param="stream_options")
     checks: list[tuple[str, bool, str]] = [
         ("top_p", body.get("top_p", 1) != 1, "top_p < 1 truncates the sampled distribution"),
         ("top_k", body.get("top_k") not in (None, -1, 0), "top_k truncates the distribution"),

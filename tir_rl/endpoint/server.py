@@ -5,7 +5,9 @@ Routes:
 - `POST /episodes/{id}/v1/chat/completions`: a completion recorded under episode `id`
   (give an OpenAI client `base_url=<server>/episodes/<id>/v1`). `POST /v1/chat/completions`
   records under the `X-Episode-Id` header, else the `X-Session-ID` header (verifiers' clients
-  send one per rollout), else under a new id returned in `X-Episode-Id`.
+  send one per rollout), else under a new id returned in `X-Episode-Id`. With
+  `"stream": true` the finished completion comes back as server-sent events
+  (`tir_rl.endpoint.streaming`).
 - `GET /v1/models`, `GET /episodes/{id}/v1/models`: the served model.
 - `GET /episodes/{id}`: the calls recorded so far, in token ids.
 - `POST /episodes/{id}/finish` with `{"reward": r}` (optionally `"group_id"`): the
@@ -29,12 +31,13 @@ from typing import TYPE_CHECKING, Any
 from tir_rl.endpoint.openai_chat import RequestError
 from tir_rl.endpoint.recorder import UnknownEpisodeError
 from tir_rl.endpoint.samples import samples_from_calls
+from tir_rl.endpoint.streaming import completion_chunks, sse_events
 from tir_rl.errors import SetupError, TirError
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import JSONResponse
+    from starlette.responses import JSONResponse, Response
 
     from tir_rl.endpoint.chat_endpoint import ChatEndpoint
 
@@ -50,7 +53,7 @@ def build_app(endpoint: ChatEndpoint) -> Starlette:
     """The ASGI app serving `endpoint`."""
     try:
         from starlette.applications import Starlette
-        from starlette.responses import JSONResponse
+        from starlette.responses import JSONResponse, StreamingResponse
         from starlette.routing import Route
     except ImportError as exc:  # pragma: no cover (vLLM brings starlette)
         raise SetupError(
@@ -66,7 +69,7 @@ def build_app(endpoint: ChatEndpoint) -> Starlette:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise RequestError(f"the request body is not JSON: {exc}") from exc
 
-    async def completions(request: Request) -> JSONResponse:
+    async def completions(request: Request) -> Response:
         episode_id = (
             request.path_params.get("episode_id")
             or request.headers.get(EPISODE_HEADER)
@@ -74,10 +77,18 @@ def build_app(endpoint: ChatEndpoint) -> Starlette:
             or uuid.uuid4().hex[:16]
         )
         try:
-            body = await endpoint.complete(episode_id, await read_json(request))
+            payload = await read_json(request)
+            body = await endpoint.complete(episode_id, payload)
         except RequestError as exc:
             return error(exc)
-        return JSONResponse(body, headers={EPISODE_HEADER: episode_id})
+        headers = {EPISODE_HEADER: episode_id}
+        if payload.get("stream"):
+            options = payload.get("stream_options") or {}
+            chunks = completion_chunks(body, include_usage=bool(options.get("include_usage")))
+            return StreamingResponse(
+                sse_events(chunks), media_type="text/event-stream", headers=headers
+            )
+        return JSONResponse(body, headers=headers)
 
     async def models(request: Request) -> JSONResponse:
         entry = {"id": endpoint.model_name, "object": "model", "created": 0, "owned_by": "tir-rl"}
