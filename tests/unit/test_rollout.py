@@ -376,3 +376,28 @@ def test_a_chat_format_the_tokenizer_cannot_carry_stops_the_rollout_before_it_st
     with pytest.raises(ChatFormatError, match="<\\|begin_of_text\\|>"):
         Rollout(engine, tokenizer, chat_config=chat)
     assert engine.requests == []
+
+
+def test_a_cancel_that_arrives_with_the_env_call_s_result_still_cancels():
+    """The run stops just as a blocking env call returns: the episode must not play on.
+
+    (`asyncio.wait_for` on Python 3.11 returned the result and dropped the cancellation; a
+    stopped producer then waited its whole timeout for episodes that kept playing.)
+    """
+    import time
+
+    from tir_rl.rollout.episode import run_blocking
+
+    async def main() -> None:
+        release = threading.Event()
+        task = asyncio.create_task(
+            run_blocking(lambda: release.wait(5), timeout_s=30, name="env.step")
+        )
+        await asyncio.sleep(0.05)  # the call runs in its thread
+        release.set()
+        time.sleep(0.5)  # holds the loop while the call returns and queues its result
+        task.cancel()  # in the same loop iteration as the queued result
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())

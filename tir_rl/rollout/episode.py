@@ -181,8 +181,11 @@ async def run_blocking(fn: Callable[..., T], *args: Any, timeout_s: float | None
             pass
 
     threading.Thread(target=target, name=name, daemon=True).start()
+    # Not `asyncio.wait_for`: on Python 3.11 it returns the result and drops the task's
+    # cancellation when both arrive together, so a stopped run's episode would play on.
     try:
-        return await asyncio.wait_for(future, timeout_s)
+        async with asyncio.timeout(timeout_s):
+            return await future
     except TimeoutError as exc:
         raise StepTimeoutError(f"{name} did not return within {timeout_s} s") from exc
 

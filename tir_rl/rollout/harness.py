@@ -59,7 +59,8 @@ async def play_agent_episode(
     )
     reward, status, error = 0.0, RolloutStatus.FINISHED, None
     try:
-        value: Any = await asyncio.wait_for(env.agent(client, task), timeout_s)
+        async with asyncio.timeout(timeout_s):  # not wait_for: see episode.run_blocking
+            value: Any = await env.agent(client, task)
         reward = _reward(value)
     except TimeoutError:
         status = RolloutStatus.ERROR_AGENT
