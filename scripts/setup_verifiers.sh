@@ -6,9 +6,9 @@
 # chat endpoint (examples/verifiers_env/play_one.py, run per episode by CommandAgentEnv).
 # Idempotent: a stamp of this script's hash skips everything when nothing changed.
 #
-# Steps (from scratch about 15-20 s and 430 MB here; docs/bring_your_agent.md):
+# Steps (what it costs: bench/verifiers_cost.sh and docs/bring_your_agent.md):
 #   1. a venv in $TIR_RL_VERIFIERS_VENV (default .venv-verifiers) with uv in it
-#   2. verifiers and its dependencies, installed by uv (pip takes 65 s for the same set)
+#   2. verifiers and its dependencies, installed by uv (much faster than pip for this list)
 #   3. verifiers' chat program (its `null` harness: a PEP 723 script that verifiers prepares
 #      with uv before an episode) synced once into the venv's uv cache, so an episode
 #      downloads nothing

@@ -4,8 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-# verifiers in a venv of its own (it needs openai<3), for the slow verifiers test (about 20 s
-# the first time, then a stamp check).
+# verifiers in a venv of its own (it needs openai<3), for the slow verifiers test (seconds
+# the first time, bench/verifiers_records/cost.txt; then a stamp check).
 if [[ "${TIR_RL_TEST_FAST:-0}" != 1 ]]; then
     bash scripts/setup_verifiers.sh
 fi
