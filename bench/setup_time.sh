@@ -25,7 +25,7 @@ time_pip() {
 time_uv() {
     "$PY" -m venv "$WORK/uv"
     PIP_CACHE_DIR="$WORK/pip-cache-uv" "$WORK/uv/bin/python" -m pip install -q uv==0.13.9
-    UV_CACHE_DIR="$WORK/uv-cache" UV_LINK_MODE=copy "$WORK/uv/bin/uv" pip install -q \
+    UV_CACHE_DIR="$WORK/uv-cache" UV_LINK_MODE=copy "$WORK/uv/bin/uv" pip install -q --compile-bytecode \
         --python "$WORK/uv/bin/python" "${uv_args[@]}" -e ".[cpu,dev]"
 }
 seconds() { local start; start=$(date +%s.%N); "$@"; echo "$(date +%s.%N) - $start" | bc; }

