@@ -43,8 +43,8 @@ python_env() {
         rm -rf "$VENV"
         "$PY" -m venv "$VENV"
     fi
-    # uv installs the same versions as pip (checked: identical freeze), several times
-    # faster (bench/setup_records/). Without uv (no network for it), pip does the same work.
+    # uv installs the same versions as pip (checked: identical freeze); most of the time is
+    # compiling bytecode, which both do. Without uv (no network for it), pip does the work.
     local install=("$VENV/bin/python" -m pip install -q) uv_args
     if "$VENV/bin/python" -m pip install -q "$UV" 2>/dev/null; then
         mapfile -t uv_args < <(uv_pip_args)
