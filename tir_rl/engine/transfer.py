@@ -159,8 +159,26 @@ class FanOutClient:
         )
 
     def start_weight_update(self) -> None:
-        """Begin an update (vLLM's layerwise reload)."""
-        self._each(lambda c, _: c.start_weight_update())
+        """Begin an update on every engine; if one fails, close it on those that began.
+
+        An engine with an update left open refuses the next start, so the resend to the
+        engines left after a loss would fail.
+        """
+        started: list[TransferClient] = []
+
+        def start(client: TransferClient, _offset: int) -> None:
+            client.start_weight_update()
+            started.append(client)
+
+        try:
+            self._each(start)
+        except TransferError:
+            for client in started:  # nothing was loaded: the finish keeps the old weights
+                try:
+                    client.finish_weight_update()
+                except Exception as exc:
+                    logger.warning("%s: closing the aborted update failed: %s", client.name, exc)
+            raise
 
     def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
         """Receive one update and load it."""

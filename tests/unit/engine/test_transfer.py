@@ -213,3 +213,14 @@ def test_cuda_transfers_are_refused_without_cuda(transfer):
     with pytest.raises(ConfigError, match="needs CUDA"):
         check_transfer_available(transfer)
     check_transfer_available(WeightTransfer.GLOO)
+
+
+def test_a_start_that_fails_on_one_engine_is_closed_on_the_others():
+    # An engine with an update left open refuses the next start (vLLM's worker), so the
+    # resend to the engines left after a loss would fail.
+    clients = [FakeTransferClient("s0"), FakeTransferClient("s1")]
+    fan_out = FanOutClient(clients)
+    clients[1].gone = True
+    with pytest.raises(TransferError, match="s1"):
+        fan_out.start_weight_update()
+    assert clients[0].calls == [("start", None), ("finish", None)]
