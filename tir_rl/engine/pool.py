@@ -47,6 +47,7 @@ from tir_rl.engine.transfer import (
     TransferReceiver,
     WeightTransfer,
     send_by_transfer,
+    transfer_group_for,
 )
 from tir_rl.engine.weights_io import PublishedWeights, publish_state_dict
 from tir_rl.errors import ConfigError, EngineError, EngineUnavailableError
@@ -143,9 +144,7 @@ class EnginePool:
         self._members: list[_Member] = []
         self._keys: OrderedDict[str, _Member] = OrderedDict()
         self._weights_dir = None if weights_dir is None else Path(weights_dir)
-        self._transfer = (
-            TransferGroup(transfer, address=transfer_address) if transfer.by_vllm_engine else None
-        )
+        self._transfer = transfer_group_for(transfer, transfer_address)
         self._published: PublishedWeights | None = None
         self._version = 0
         self._failovers = 0

@@ -342,6 +342,11 @@ class TransferGroup:
         self._drop(notify=True)
 
 
+def transfer_group_for(transfer: WeightTransfer, address: str) -> TransferGroup | None:
+    """The trainer side of `transfer` (None for `file`); refuses a transfer needing CUDA."""
+    return TransferGroup(transfer, address=address) if transfer.by_vllm_engine else None
+
+
 @runtime_checkable
 class TransferReceiver(Protocol):
     """An engine that receives weights through a `TransferGroup` (both vLLM engines)."""
@@ -425,3 +430,15 @@ async def send_by_transfer(
         for name, outcome in zip(names, engine_outcomes, strict=True)
         if isinstance(outcome, BaseException)
     }
+
+
+async def send_to_engine(
+    group: TransferGroup,
+    engine: TransferReceiver,
+    state: Mapping[str, torch.Tensor],
+    version: int | None,
+) -> None:
+    """One engine's update by transfer (`send_by_transfer` to it alone); raises its failure."""
+    failures = await send_by_transfer(group, [engine], state, version)
+    if failures:
+        raise next(iter(failures.values()))

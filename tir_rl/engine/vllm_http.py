@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,10 +54,10 @@ from tir_rl.engine.base import (
 )
 from tir_rl.engine.pool import Routing
 from tir_rl.engine.transfer import (
-    TransferGroup,
     TransferRound,
     WeightTransfer,
-    send_by_transfer,
+    send_to_engine,
+    transfer_group_for,
 )
 from tir_rl.engine.weights_io import PublishedWeights, check_published, publish_state_dict
 from tir_rl.errors import ConfigError, EngineError, EngineUnavailableError
@@ -154,7 +155,7 @@ class VLLMHttpEngine:
         self.config = config
         self._closed = False
         self._version = 0
-        self._transfer_group: TransferGroup | None = None
+        self._transfer_group = transfer_group_for(config.weight_transfer, config.transfer_address)
         self._loop = LoopThread("tir-rl-vllm-http")
         try:
             self._gate = self._loop.run_sync(_make_gate())
@@ -348,14 +349,8 @@ class VLLMHttpEngine:
             EngineError: the server lacks the dev-mode endpoints or the update failed.
         """
         self._check_open()
-        if self.config.weight_transfer.by_vllm_engine:
-            if self._transfer_group is None:
-                self._transfer_group = TransferGroup(
-                    self.config.weight_transfer, address=self.config.transfer_address
-                )
-            failures = await send_by_transfer(self._transfer_group, [self], state_dict, version)
-            if failures:
-                raise next(iter(failures.values()))
+        if self._transfer_group is not None:
+            await send_to_engine(self._transfer_group, self, state_dict, version)
             return
         if self.config.weights_dir is None:
             raise ConfigError(
@@ -543,7 +538,7 @@ class HttpTransferClient:
         if response.status_code == 404:
             raise EngineError(
                 f"{c.base_url} has no {path} route: start it with VLLM_SERVER_DEV_MODE=1 and "
-                f"--weight-transfer-config '{{\"backend\": \"{c.weight_transfer.value}\"}}'"
+                f"{shlex.join(c.weight_transfer.server_flag())}"
             )
         if response.status_code >= 400:
             raise EngineError(f"{method} {url}: {response.status_code} {_error_text(response)}")

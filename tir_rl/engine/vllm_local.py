@@ -49,11 +49,10 @@ from tir_rl.engine.base import (
 )
 from tir_rl.engine.reaping import EngineGuard, reap_leftovers
 from tir_rl.engine.transfer import (
-    TransferGroup,
     TransferRound,
     WeightTransfer,
-    check_transfer_available,
-    send_by_transfer,
+    send_to_engine,
+    transfer_group_for,
 )
 from tir_rl.engine.weights_io import (
     PublishedWeights,
@@ -168,9 +167,8 @@ class VLLMLocalEngine:
 
     def __init__(self, config: Config) -> None:
         config.validate()
-        check_transfer_available(config.weight_transfer)
         self.config = config
-        self._transfer_group: TransferGroup | None = None
+        self._transfer_group = transfer_group_for(config.weight_transfer, config.transfer_address)
         self._ids = itertools.count()
         self._closed = False
         self._warned_seed = False
@@ -416,14 +414,8 @@ class VLLMLocalEngine:
         self._check_open()
         if not state_dict:
             raise ConfigError("update_weights got an empty state dict")
-        if self.config.weight_transfer.by_vllm_engine:
-            if self._transfer_group is None:
-                self._transfer_group = TransferGroup(
-                    self.config.weight_transfer, address=self.config.transfer_address
-                )
-            failures = await send_by_transfer(self._transfer_group, [self], state_dict, version)
-            if failures:
-                raise next(iter(failures.values()))
+        if self._transfer_group is not None:
+            await send_to_engine(self._transfer_group, self, state_dict, version)
             return
         if self._weights_dir is None:
             self._weights_dir = default_weights_dir("tir-rl-weights-")
