@@ -8,6 +8,7 @@ lies in the learnable band 0.2-0.8 (issue 11).
 
     python bench/lab_model_band.py                          # default scale, horizons 2 4 8
     python bench/lab_model_band.py --logit-scale 0.45       # ~6 minutes on the 2-core machine
+    python bench/lab_model_band.py --model FOLDER --dtype bfloat16   # a trained model, bf16 sampler
 
 docs/lab_model.md holds the measured table.
 """
@@ -34,12 +35,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="the lab model's code seed")
     parser.add_argument("--horizons", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--tasks", type=int, default=64, help="held-out tasks per horizon")
+    parser.add_argument("--model", type=Path, help="evaluate this folder instead of building")
+    parser.add_argument("--dtype", default="float32", help="the sampler's engine.dtype")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="tir-rl-lab-band-") as tmp:
         started = time.perf_counter()
         spec = LabModelSpec(seed=args.seed, logit_scale=args.logit_scale)
-        path = prepare_lab_model(spec, dest=Path(tmp) / "lab")
+        path = args.model or prepare_lab_model(spec, dest=Path(tmp) / "lab")
         build_s = time.perf_counter() - started
         rows = []
         for horizon in args.horizons:
@@ -51,12 +54,17 @@ def main() -> None:
                     f"env.kwargs.horizon={horizon}",
                     f"rollout.max_turns={horizon + 8}",
                     f"rollout.max_concurrent_episodes={args.tasks}",
+                    f"engine.dtype={args.dtype}",
                 ],
             )
             outcome = run_eval(config, num_tasks=args.tasks, k=1)
             rows.append((horizon, outcome.report.pass_at_1, outcome.report.wall_time_s))
 
-    print(f"lab model, logit_scale {args.logit_scale}, seed {args.seed}: built in {build_s:.1f} s")
+    if args.model:
+        print(f"model {args.model}, sampler dtype {args.dtype}")
+    else:
+        spec_text = f"logit_scale {args.logit_scale}, seed {args.seed}"
+        print(f"lab model, {spec_text}: built in {build_s:.1f} s")
     print(f"{'horizon':>7s}  {'pass@1 [95% CI]':24s} {'in 0.2-0.8':>10s} {'eval s':>7s}")
     for horizon, estimate, wall in rows:
         inside = BAND[0] <= estimate.value <= BAND[1]
