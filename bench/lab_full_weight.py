@@ -78,6 +78,7 @@ RUNS: dict[str, tuple[str, ...]] = {
         "env.kwargs.progress_reward=0.5",
         "rollout.max_turns=14",
     ),
+    "sft400-h4-full-lr1e-4": (SFT, "trainer.train_only=[]", "trainer.lr=1e-4"),
     "sft1200-h8-full-lr1e-4": (SFT, "trainer.train_only=[]", "trainer.lr=1e-4", *H8),
     "sft1200-h8-full-lr3e-4": (SFT, "trainer.train_only=[]", "trainer.lr=3e-4", *H8),
     "sft1200-h8-bf16-full-lr1e-4": (
