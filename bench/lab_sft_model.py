@@ -36,6 +36,11 @@ from pathlib import Path
 NAME_WEIGHT_DEFAULT = 10.0
 
 
+TEST_SPLIT_SFT_OFFSET = 5 * 10**6
+"""First test-split task index of the demonstrations (`--splits test`): the evaluations draw
+indices 0..N-1 (`tir-rl eval`, a run's held-out tasks) and the builder's own 10**6.. ."""
+
+
 def entity_names() -> list[str]:
     """Every first x last combination of MultiHop's name pools, both splits, in pool order.
 
@@ -126,6 +131,14 @@ def main() -> None:
         help="horizons of the training episodes, cycled",
     )
     parser.add_argument("--episodes", type=int, default=4000, help="training demonstrations")
+    parser.add_argument(
+        "--splits",
+        nargs="+",
+        default=["train"],
+        choices=["train", "test"],
+        help="MultiHop splits the demonstrations' tasks come from, in equal parts; test-split "
+        f"tasks from index {TEST_SPLIT_SFT_OFFSET:,} on, which no evaluation draws",
+    )
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
@@ -146,7 +159,10 @@ def main() -> None:
             for i in range(n)
         ]
 
-    train = demos("train", args.episodes, args.horizons, args.seed * 10**7)
+    train = []
+    for split in args.splits:
+        first = args.seed * 10**7 + (TEST_SPLIT_SFT_OFFSET if split == "test" else 0)
+        train += demos(split, args.episodes // len(args.splits), args.horizons, first)
     test = demos("test", 64, [4], 10**6)
 
     d = args.hidden
