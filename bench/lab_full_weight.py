@@ -4,7 +4,9 @@
 `trainer.train_only` widened from `model.norm.weight` to every weight, or to one group of
 them, at AdamW learning rates the issue calls ordinary (1e-5 to 3e-4) and around them. The
 `lab-*` runs train the written model; the `sft*` runs train the model bench/lab_sft_model.py
-built (`--sft-model`; the number in the name is its SFT steps, `h6`/`h8` the horizon). Each
+built (`--sft-model`; the number in the name is its SFT steps, `both` a build with
+`--splits train test`, `soft0.75` its final norm scaled by bench/lab_sft_soften.py, `h6`/`h8`
+the horizon). Each
 run's small record (config, metrics, evaluations) is kept in bench/lab_full_weight_records/.
 
     python bench/lab_full_weight.py --report            # the table, from the kept records
@@ -99,6 +101,14 @@ RUNS: dict[str, tuple[str, ...]] = {
     "sft1200-soft0.75-h4-full-lr1e-4": (SFT, "trainer.train_only=[]", "trainer.lr=1e-4"),
     "sft1200-soft0.75-h4-full-lr3e-4": (SFT, "trainer.train_only=[]", "trainer.lr=3e-4"),
     "sft1200-soft0.75-h4-full-lr3e-4-20steps": (
+        SFT,
+        "trainer.train_only=[]",
+        "trainer.lr=3e-4",
+        "run.steps=20",
+    ),
+    "sft1200both-soft0.75-h4-full-lr1e-4": (SFT, "trainer.train_only=[]", "trainer.lr=1e-4"),
+    "sft1200both-soft0.75-h4-full-lr3e-4": (SFT, "trainer.train_only=[]", "trainer.lr=3e-4"),
+    "sft1200both-soft0.75-h4-full-lr3e-4-20steps": (
         SFT,
         "trainer.train_only=[]",
         "trainer.lr=3e-4",
