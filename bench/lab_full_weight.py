@@ -114,6 +114,18 @@ RUNS: dict[str, tuple[str, ...]] = {
         "trainer.lr=3e-4",
         "run.steps=20",
     ),
+    "sft1200both-soft0.75-h4-full-lr1e-3-20steps": (
+        SFT,
+        "trainer.train_only=[]",
+        "trainer.lr=1e-3",
+        "run.steps=20",
+    ),
+    "sft1200both-soft0.75-h4-full-lr3e-4-40steps": (
+        SFT,
+        "trainer.train_only=[]",
+        "trainer.lr=3e-4",
+        "run.steps=40",
+    ),
 }
 """Each run's settings on top of configs/lab.yaml (run.seed 0 unless set); `REBALANCED`: the
 model of bench/lab_rebalance.py (the same function, its linear weight pairs rescaled); `SFT`:
