@@ -1,16 +1,17 @@
 """How often does the asynchronous learning test's run learn? One run per seed, one record each.
 
     python bench/lab_learns_async.py --seed 0 --record bench/lab_learns_records/NAME.json
-    python bench/lab_learns_async.py --seed 3 --core 1 --set run.steps=6
+    python bench/lab_learns_async.py --seed 3 --core 1 --set run.steps=4
     python bench/lab_learns_async.py --report bench/lab_learns_records
 
-The run is `tests/integration/train/test_train_learns.py`'s (`configs/lab_learns.yaml` with
-the test's `ASYNCHRONOUS` settings, the lab model at logit scale 0.36); `--set` changes any
-other setting. The record keeps held-out pass@1 before and after with the paired change, and
-per step the reward, the lag, the correction's weights, the ratio, the gradient norm and the
-logit scale (the mean of the final norm's weight) after the step; `--report` prints one
-line per record. The test's run is seeded by `run.seed`, but with `run.max_staleness` > 0
-which groups a step takes depends on timing, so the same seed can give a different run.
+The run is `tests/integration/train/test_train_learns.py`'s, taken from that module
+(`train_lab_model` with its `ASYNCHRONOUS` settings: configs/lab_learns.yaml, the lab model at
+logit scale 0.36); `--set` changes any other setting. The record keeps held-out pass@1
+before and after with the paired change, and per step the reward, the lag, the correction's
+weights, the ratio, the gradient norm and the logit scale (the mean of the final norm's
+weight) after the step; `--report` prints one line per record. The test's run is seeded by
+`run.seed`, but with `run.max_staleness` > 0 which groups a step takes depends on timing, so
+the same seed can give a different run.
 """
 
 from __future__ import annotations
@@ -21,15 +22,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "collapse"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench" / "collapse"))
+sys.path.insert(0, str(ROOT / "tests" / "integration" / "train"))
 
 from run import pin_to_core  # noqa: E402  (the collapse lab's pinning: bench/collapse/run.py)
+from test_train_learns import ASYNCHRONOUS, train_lab_model  # noqa: E402  (the test's run)
 
-ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "configs" / "lab_learns.yaml"
-ASYNCHRONOUS = ("run.max_staleness=2", "correction_preset=token_tis", "run.steps=4")
-"""The test's settings (tests/integration/train/test_train_learns.py keeps the same)."""
-START_SCALE = 0.36
 STEP_KEYS = (
     "rollout/reward_mean",
     "staleness/lag_mean",
@@ -44,34 +43,19 @@ STEP_KEYS = (
 
 
 def run(seed: int, overrides: list[str]) -> dict[str, object]:
-    from safetensors.torch import load_file
-
-    from tir_rl.config import load
-    from tir_rl.lab_model import LabModelSpec
-    from tir_rl.models import prepare_lab_model
+    from tir_rl.engine.weights_io import read_checkpoint_weights
     from tir_rl.report.run_log import read_metrics
-    from tir_rl.run_config import RunConfig
-    from tir_rl.train import run_train
+    from tir_rl.trainer.checkpoint import MODEL_DIR, step_folder
 
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp)
-        model = prepare_lab_model(LabModelSpec(logit_scale=START_SCALE), out / "lab")
         settings = [*ASYNCHRONOUS, f"run.seed={seed}", *overrides]
-        config = load(
-            RunConfig, CONFIG, [f"model={model}", f"run.out_dir={out}", "run.checkpoint_every=1",
-                                *settings],
-        )  # fmt: skip
-        summary = run_train(config)
+        summary, _ = train_lab_model(Path(tmp), "run.checkpoint_every=1", *settings)
         rows = [r for r in read_metrics(summary.run_dir) if "rollout/reward_mean" in r]
         scales = []
         for step in range(1, summary.steps_done + 1):
-            weights = {}
-            for path in (summary.run_dir / "checkpoints" / f"step_{step}" / "model").glob(
-                "*.safetensors"
-            ):
-                weights.update(load_file(str(path)))
-            norm = weights.get("model.norm.weight")
-            scales.append(float(norm.float().mean()) if norm is not None else None)
+            weights = read_checkpoint_weights(step_folder(summary.run_dir, step) / MODEL_DIR)
+            norm = weights["model.norm.weight"]
+            scales.append(float(norm.float().mean()))
         evaluations = held_out_by_step(summary.run_dir)
         steps = [{k: r.get(k) for k in STEP_KEYS} for r in rows]
         for row, scale in zip(steps, scales, strict=False):

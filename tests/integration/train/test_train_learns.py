@@ -42,9 +42,10 @@ def train_lab_model(tmp_path: Path, *overrides: str) -> tuple[TrainSummary, list
 ASYNCHRONOUS = ("run.max_staleness=2", "correction_preset=token_tis")
 """Rollouts two policy versions ahead of the trainer (docs/async.md); the correction is
 token-level truncated IS, since geo_rs's band rejects every stale sequence. The config's six
-steps: with four, 2 of 11 runs missed the bar of 0.25 (one in CI at -0.125), while the six-step
+steps: with four, 2 of 17 runs missed the bar of 0.25 (one in CI at -0.125), while the six-step
 runs of `python bench/lab_learns_async.py --report bench/lab_learns_records` all cleared it
-(bench/lab_learns_records/README.md has the counts)."""
+(bench/lab_learns_records/README.md has the counts). bench/lab_learns_async.py imports these
+settings and `train_lab_model` from here."""
 
 
 def test_asynchronous_grpo_raises_held_out_pass_at_1_of_the_lab_model(tmp_path):
