@@ -5,8 +5,9 @@
 them, at AdamW learning rates the issue calls ordinary (1e-5 to 3e-4) and around them. The
 `lab-*` runs train the written model; the `sft*` runs train the model bench/lab_sft_model.py
 built (`--sft-model`; the number in the name is its SFT steps, `both` a build with
-`--splits train test`, `soft0.75` its final norm scaled by bench/lab_sft_soften.py, `h6`/`h8`
-the horizon). Each
+`--splits train test`, `soft0.75` its final norm scaled by bench/lab_sft_soften.py, `ea0.1`
+300 more steps on demonstrations that answer early at rate 0.1 (`--init --early-answer-rate`),
+`h6`/`h8` the horizon). Each
 run's small record (config, metrics, evaluations) is kept in bench/lab_full_weight_records/.
 
     python bench/lab_full_weight.py --report            # the table, from the kept records
@@ -125,6 +126,18 @@ RUNS: dict[str, tuple[str, ...]] = {
         "trainer.train_only=[]",
         "trainer.lr=3e-4",
         "run.steps=40",
+    ),
+    "sft1200both-ea0.1-h4-full-lr1e-4-20steps": (
+        SFT,
+        "trainer.train_only=[]",
+        "trainer.lr=1e-4",
+        "run.steps=20",
+    ),
+    "sft1200both-ea0.1-h4-full-lr3e-4-20steps": (
+        SFT,
+        "trainer.train_only=[]",
+        "trainer.lr=3e-4",
+        "run.steps=20",
     ),
 }
 """Each run's settings on top of configs/lab.yaml (run.seed 0 unless set); `REBALANCED`: the

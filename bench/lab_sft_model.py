@@ -107,7 +107,8 @@ def main() -> None:
     from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
     import tir_rl.envs.multihop as mh
-    from tir_rl.sft import play_demonstration, shared_prefix_length
+    from tir_rl.sft import play_turns, shared_prefix_length
+    from tir_rl.types import Message
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -139,6 +140,19 @@ def main() -> None:
         help="MultiHop splits the demonstrations' tasks come from, in equal parts; test-split "
         f"tasks from index {TEST_SPLIT_SFT_OFFSET:,} on, which no evaluation draws",
     )
+    parser.add_argument(
+        "--early-answer-rate",
+        type=float,
+        default=0.0,
+        help="chance, at each hop before the last, that a demonstration stops and answers "
+        "with the entity reached so far (a wrong answer): a habit RL can unlearn",
+    )
+    parser.add_argument(
+        "--init",
+        type=Path,
+        help="start from this build's weights and tokenizer (instead of random weights and a "
+        "new tokenizer); the embedding stays frozen",
+    )
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
@@ -147,22 +161,43 @@ def main() -> None:
     rng = random.Random(args.seed)
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
-    hf = build_tokenizer(args.out)
+    if args.init:
+        from transformers import AutoTokenizer
+
+        hf = AutoTokenizer.from_pretrained(args.init)
+        hf.save_pretrained(args.out)
+    else:
+        hf = build_tokenizer(args.out)
     vocab = len(hf)
     names = torch.tensor(sorted(hf.convert_tokens_to_ids(entity_names())))
     relations = torch.tensor(sorted(hf.convert_tokens_to_ids(relation_names())))
 
-    def demos(split: str, n: int, horizons: list[int], seed0: int):
+    def turns_for(env, task, rate: float, seed: int) -> list[Message]:
+        turns = env.demonstration(task)
+        draw = random.Random(f"early-answer/{task.id}/{seed}")
+        for hop, entity in enumerate(task.data["path"][:-1]):
+            if draw.random() < rate:
+                return [*turns[:hop], Message.assistant(f"<answer>{entity}</answer>")]
+        return turns
+
+    def demos(split: str, n: int, horizons: list[int], seed0: int, rate: float = 0.0):
         envs = {h: mh.MultiHopEnv(horizon=h, split=split) for h in horizons}
         return [
-            play_demonstration(envs[horizons[i % len(horizons)]], hf, seed=seed0 + i)
+            play_turns(
+                (env := envs[horizons[i % len(horizons)]]),
+                hf,
+                lambda task, env=env, s=seed0 + i: turns_for(env, task, rate, s),
+                seed=seed0 + i,
+            )
             for i in range(n)
         ]
 
     train = []
     for split in args.splits:
         first = args.seed * 10**7 + (TEST_SPLIT_SFT_OFFSET if split == "test" else 0)
-        train += demos(split, args.episodes // len(args.splits), args.horizons, first)
+        train += demos(
+            split, args.episodes // len(args.splits), args.horizons, first, args.early_answer_rate
+        )
     test = demos("test", 64, [4], 10**6)
 
     d = args.hidden
@@ -180,22 +215,23 @@ def main() -> None:
         eos_token_id=hf.eos_token_id,
         pad_token_id=hf.pad_token_id,
     )
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        codes = torch.randn(vocab, d)
-        codes /= codes.norm(dim=1, keepdim=True)
-        for ids in (names, relations):
-            shared = torch.randn(d)
-            codes[ids] += shared / shared.norm()
-        codes /= codes.norm(dim=1, keepdim=True)
-        model.model.embed_tokens.weight.copy_(codes * math.sqrt(d))
-        model.model.norm.weight.fill_(0.1)
-        head_dim = d // args.heads
-        for layer in [int(x) for x in args.copy_layers.split(",") if x]:
-            attention = model.model.layers[layer].self_attn
-            q, _ = torch.linalg.qr(torch.randn(d, head_dim))
-            attention.v_proj.weight[:head_dim] = q.T
-            attention.o_proj.weight[:, :head_dim] = q
+    model = LlamaForCausalLM.from_pretrained(args.init) if args.init else LlamaForCausalLM(config)
+    if not args.init:
+        with torch.no_grad():
+            codes = torch.randn(vocab, d)
+            codes /= codes.norm(dim=1, keepdim=True)
+            for ids in (names, relations):
+                shared = torch.randn(d)
+                codes[ids] += shared / shared.norm()
+            codes /= codes.norm(dim=1, keepdim=True)
+            model.model.embed_tokens.weight.copy_(codes * math.sqrt(d))
+            model.model.norm.weight.fill_(0.1)
+            head_dim = d // args.heads
+            for layer in [int(x) for x in args.copy_layers.split(",") if x]:
+                attention = model.model.layers[layer].self_attn
+                q, _ = torch.linalg.qr(torch.randn(d, head_dim))
+                attention.v_proj.weight[:head_dim] = q.T
+                attention.o_proj.weight[:, :head_dim] = q
     model.model.embed_tokens.weight.requires_grad_(False)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(

@@ -36,7 +36,7 @@ import logging
 import random
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,7 +53,8 @@ if TYPE_CHECKING:
     from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
     from tir_rl.chat.tokens import Tokenizer
-    from tir_rl.envs.base import ToolEnv
+    from tir_rl.envs.base import Task, ToolEnv
+    from tir_rl.types import Message
 
 logger = logging.getLogger(__name__)
 
@@ -292,13 +293,39 @@ def play_demonstration(
         TirError: The oracle's episode did not end with full reward (a broken oracle).
         ChatFormatError: The tokenizer cannot carry the configured chat format.
     """
+    demo = play_turns(env, tokenizer, env.demonstration, seed=seed, chat_config=chat_config)
+    if demo.reward < 1.0:
+        raise TirError(
+            f"{demo.task_id}: the oracle's episode got reward {demo.reward}; "
+            f"{type(env).__name__}.demonstration must solve its task"
+        )
+    return demo
+
+
+def play_turns(
+    env: ToolEnv,
+    tokenizer: Tokenizer,
+    turns_for: Callable[[Task], list[Message]],
+    *,
+    seed: int,
+    chat_config: ChatFormat.Config | None = None,
+) -> Demonstration:
+    """Reset `env`, play the assistant turns `turns_for(task)` through `step`, render them.
+
+    The turns need not solve the task (a deliberately flawed demonstrator); the episode's
+    reward is recorded in `Demonstration.reward`.
+
+    Raises:
+        TirError: The episode ended before the last turn, or did not end after it.
+        ChatFormatError: The tokenizer cannot carry the configured chat format.
+    """
     from tir_rl.envs.episode import ResetInfo
 
     messages, reset_info = env.reset(seed=seed)
     info = ResetInfo.from_info(reset_info)
     fmt = ChatFormat(tokenizer, tool_schemas=info.tool_schemas, config=chat_config)
     conv = fmt.conversation(messages)
-    turns = env.demonstration(info.task)
+    turns = turns_for(info.task)
     reward, terminated = 0.0, False
     for k, turn in enumerate(turns):
         ids = fmt.encode_assistant_text(fmt.assistant_text(turn)) + [fmt.end_of_turn_id]
@@ -307,14 +334,11 @@ def play_demonstration(
         reward += float(step_reward)
         if terminated or truncated:
             if k != len(turns) - 1:
-                raise TirError(f"{info.task_id}: the episode ended after oracle turn {k + 1}")
+                raise TirError(f"{info.task_id}: the episode ended after turn {k + 1}")
             break
         conv.append_messages(replies)
-    if not terminated or reward < 1.0:
-        raise TirError(
-            f"{info.task_id}: the oracle's episode got reward {reward} (terminated="
-            f"{terminated}); {type(env).__name__}.demonstration must solve its task"
-        )
+    if not terminated:
+        raise TirError(f"{info.task_id}: the episode did not end after its {len(turns)} turns")
     trajectory = conv.to_trajectory(reward=reward)
     return Demonstration(
         token_ids=trajectory.prompt_ids + trajectory.completion_ids,
@@ -631,6 +655,7 @@ __all__ = [
     "build_demonstrations",
     "load_sft_config",
     "play_demonstration",
+    "play_turns",
     "run_sft",
     "train_on_demonstrations",
 ]

@@ -16,7 +16,7 @@ from tir_rl.cli import main
 from tir_rl.engine.base import FinishReason, GenerateRequest, GenerateResult, ModelInfo
 from tir_rl.envs.base import ToolEnv
 from tir_rl.envs.multihop import MultiHopEnv
-from tir_rl.errors import ConfigError
+from tir_rl.errors import ConfigError, TirError
 from tir_rl.models import prepare_bundled_model, prepare_tiny_model
 from tir_rl.rollout import EpisodeSpec, Rollout
 from tir_rl.sft import (
@@ -32,11 +32,12 @@ from tir_rl.sft import (
     mean_loss,
     plan_batches,
     play_demonstration,
+    play_turns,
     run_sft,
     sft_lr_factor,
     shared_prefix_length,
 )
-from tir_rl.types import RolloutStatus
+from tir_rl.types import Message, RolloutStatus
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "sft" / "multihop.yaml"
@@ -128,6 +129,36 @@ def test_sft_rendering_equals_what_the_rollout_builds(tokenizer, horizon, seed):
     assert demo.token_ids == traj.prompt_ids + traj.completion_ids
     assert demo.loss_mask == [0] * len(traj.prompt_ids) + traj.loss_mask
     assert demo.num_loss_tokens == sum(traj.loss_mask) > 0
+
+
+def _answer_after_one_hop(env: MultiHopEnv):
+    def turns(task):  # one lookup, then the entity it led to: a wrong answer
+        answer = Message.assistant(f"<answer>{task.data['path'][1]}</answer>")
+        return [*env.demonstration(task)[:1], answer]
+
+    return turns
+
+
+class _EarlyAnsweringMultiHop(MultiHopEnv):
+    def demonstration(self, task):
+        return _answer_after_one_hop(MultiHopEnv(horizon=3))(task)
+
+
+def test_a_flawed_demonstrator_is_played_and_its_reward_recorded(tokenizer):
+    env = MultiHopEnv(horizon=3)
+    demo = play_turns(env, tokenizer, _answer_after_one_hop(env), seed=4)
+    oracle = play_demonstration(MultiHopEnv(horizon=3), tokenizer, seed=4)
+    assert demo.reward == 0.0 and oracle.reward == 1.0
+    assert demo.task_id == oracle.task_id
+    assert 0 < demo.num_loss_tokens < oracle.num_loss_tokens
+    with pytest.raises(TirError, match="oracle's episode got reward 0.0"):
+        play_demonstration(_EarlyAnsweringMultiHop(horizon=3), tokenizer, seed=4)
+
+
+def test_turns_that_stop_before_the_episode_ends_are_refused(tokenizer):
+    env = MultiHopEnv(horizon=3)
+    with pytest.raises(TirError, match="did not end after its 2 turns"):
+        play_turns(env, tokenizer, lambda task: env.demonstration(task)[:2], seed=4)
 
 
 def test_demonstrations_mix_horizons_from_the_train_split(tokenizer):
