@@ -1,4 +1,4 @@
-.PHONY: train test test-fast setup lint
+.PHONY: train test test-fast setup lint lab-sft-model
 train:  ## set up everything, then run the main job: GRPO on the lab model (configs/lab.yaml)
 	bash scripts/train.sh
 test:   ## set up everything, then run the whole test suite (slow lane included; what CI runs)
@@ -9,3 +9,5 @@ setup:
 	bash scripts/setup.sh
 lint:
 	.venv/bin/ruff check .
+lab-sft-model:  ## rebuild the shipped trained lab model (~20 min) and compare its weights
+	bash scripts/build_lab_sft.sh

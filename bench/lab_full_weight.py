@@ -133,6 +133,16 @@ RUNS: dict[str, tuple[str, ...]] = {
         "trainer.lr=1e-4",
         "run.steps=20",
     ),
+    **{
+        f"sft1200both-ea0.1-h4-full-lr1e-4-20steps-seed{seed}": (
+            SFT,
+            "trainer.train_only=[]",
+            "trainer.lr=1e-4",
+            "run.steps=20",
+            f"run.seed={seed}",
+        )
+        for seed in (1, 2)
+    },
     "sft1200both-ea0.1-h4-full-lr3e-4-20steps": (
         SFT,
         "trainer.train_only=[]",

@@ -340,6 +340,8 @@ def main() -> None:
                 "parameters": sum(p.numel() for p in model.parameters()),
                 "vocab": vocab,
                 "prefix_tokens": prefix_len,
+                "demonstrations": len(train),
+                "early_answers": sum(d.reward < 1.0 for d in train),
                 "args": {k: str(v) for k, v in vars(args).items()},
             }
         )

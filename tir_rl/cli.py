@@ -21,6 +21,7 @@ _EPILOG_MODELS = """examples:
   tir-rl models prepare tiny       # tiny random model with the same tokenizer, for tests
   tir-rl models prepare lab        # the lab model: MultiHop's policy written into a small Llama
   tir-rl models prepare lab --logit-scale 0.45   # a more confident one (horizon 8 in 0.2-0.8)
+  tir-rl models prepare lab-sft    # the trained lab model shipped with tir-rl: prints its folder
   tir-rl models path               # print where the bundled checkpoint lives
 """
 
@@ -291,10 +292,12 @@ def _cmd_models(args: argparse.Namespace) -> int:
         from tir_rl.lab_model import LabModelSpec
 
         path = models.prepare_lab_model(LabModelSpec(**given))
+    elif name == models.LAB_SFT_MODEL_NAME:
+        path = models.lab_sft_model()
     elif name in ("bundled", models.BUNDLED_MODEL_NAME):
         path = models.prepare_bundled_model(force=args.force)
     else:
-        raise TirError(f"Unknown model {name!r}. Choose 'bundled', 'tiny' or 'lab'.")
+        raise TirError(f"Unknown model {name!r}. Choose 'bundled', 'tiny', 'lab' or 'lab-sft'.")
     print(path)
     return 0
 
@@ -599,7 +602,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("action", choices=["prepare", "path"])
-    p.add_argument("name", nargs="?", help="'bundled' (default), 'tiny' or 'lab'")
+    p.add_argument("name", nargs="?", help="'bundled' (default), 'tiny', 'lab' or 'lab-sft'")
     p.add_argument("--force", action="store_true", help="rebuild even if already prepared")
     p.add_argument("--seed", type=int, help="lab model: seed of its token codes (default 0)")
     p.add_argument(

@@ -15,7 +15,7 @@ from tir_rl.run_config import RunConfig
 def resolve_checkpoint(checkpoint: str) -> str:
     """Map a `--checkpoint` value to a model the engine can load.
 
-    Accepts a named model (`bundled`, `tiny`, `lab`), a Hugging Face checkpoint folder, a
+    Accepts a named model (`bundled`, `tiny`, `lab`, `lab-sft`), a Hugging Face checkpoint folder, a
     tir-rl checkpoint folder (`runs/NAME/checkpoints/step_N`, whose weights live in its
     `model/` subfolder) or a run folder (its newest checkpoint).
     """

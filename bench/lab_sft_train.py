@@ -1,0 +1,98 @@
+"""`make train`'s job (configs/lab_sft.yaml) per seed, timed, with its small record kept.
+
+    python bench/lab_sft_train.py --seed 0 [--core C] [--set KEY=VALUE ...]  # one run (~3-5 min)
+    python bench/lab_sft_train.py --report                # the table, from the kept records
+
+`run.seed` seeds every random source left unset (engine, trainer, tasks). Each run keeps its
+config, metrics and held-out evaluations, plus the command's wall seconds, in
+bench/lab_sft_train_records/NAME/ (NAME: `seed{S}` and the extra settings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+CONFIG = ROOT / "configs" / "lab_sft.yaml"
+RECORDS = HERE / "lab_sft_train_records"
+KEPT = ("config.yaml", "metrics.jsonl")
+
+
+def run(seed: int, core: int | None, sets: list[str]) -> Path:
+    """Train once with `run.seed=seed` and the extra settings; keep the record."""
+    name = "-".join([f"seed{seed}", *(s.replace("=", "") for s in sets)])
+    env = dict(os.environ)
+    prefix: list[str] = []
+    if core is not None:
+        env |= {"VLLM_CPU_OMP_THREADS_BIND": str(core), "OMP_NUM_THREADS": "1"}
+        prefix = ["taskset", "-c", str(core)]
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [*prefix, sys.executable, "-m", "tir_rl.cli", "train", "--config", str(CONFIG)]
+        for item in (f"run.seed={seed}", f"run.name={name}", f"run.out_dir={tmp}", *sets):
+            command += ["--set", item]
+        started = time.perf_counter()
+        subprocess.run(command, check=True, env=env)
+        wall = time.perf_counter() - started
+        out = RECORDS / name
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        for path in Path(tmp, name).glob("*"):
+            if path.name in KEPT or path.name.startswith("eval_step_"):
+                shutil.copy(path, out / path.name)
+        (out / "wall.json").write_text(
+            json.dumps({"wall_s": round(wall, 1), "core": core, "sets": sets}) + "\n"
+        )
+    return out
+
+
+def report() -> str:
+    """One row per kept run: reward per step, held-out pass@1 before -> after, paired change."""
+    from tir_rl.report.eval_stats import bootstrap_paired_change
+
+    lines = [
+        "| run | steps | rollout reward per step | held-out pass@1 before -> after | "
+        "paired change [95%] | tool calls before -> after | wall s (cores) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for folder in sorted(p for p in RECORDS.glob("*") if (p / "wall.json").is_file()):
+        rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        rewards = [r["rollout/reward_mean"] for r in rows if "rollout/reward_mean" in r]
+        evals = sorted(folder.glob("eval_step_*.json"), key=lambda p: int(p.stem.split("_")[-1]))
+        first, last = (json.loads(p.read_text()) for p in (evals[0], evals[-1]))
+        change = bootstrap_paired_change(first["task_pass_at_1"], last["task_pass_at_1"])
+        wall = json.loads((folder / "wall.json").read_text())
+        cores = "2" if wall["core"] is None else f"1, core {wall['core']}"
+        lines.append(
+            f"| {folder.name} | {len(rewards)} | "
+            + " ".join(f"{x:.2f}" for x in rewards)
+            + f" | {first['pass_at_1']['value']:.3f} -> {last['pass_at_1']['value']:.3f} | "
+            f"{change.value:+.3f} [{change.low:+.3f}, {change.high:+.3f}] | "
+            f"{first['mean_tool_calls']:.2f} -> {last['mean_tool_calls']:.2f} | "
+            f"{wall['wall_s']:.0f} ({cores}) |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:  # noqa: D103
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, help="train once with this run.seed")
+    parser.add_argument("--core", type=int, help="keep the run on this core")
+    parser.add_argument("--set", action="append", default=[], help="extra KEY=VALUE settings")
+    parser.add_argument("--report", action="store_true", help="print the table from the records")
+    args = parser.parse_args()
+    if args.seed is not None:
+        run(args.seed, args.core, args.set)
+    print(report())
+
+
+if __name__ == "__main__":
+    main()
