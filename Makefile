@@ -1,5 +1,5 @@
 .PHONY: train test test-fast setup lint lab-sft-model
-train:  ## set up everything, then run the main job: GRPO on the lab model (configs/lab.yaml)
+train:  ## set up everything, then run the main job: GRPO on the trained lab model (configs/lab_sft.yaml)
 	bash scripts/train.sh
 test:   ## set up everything, then run the whole test suite (slow lane included; what CI runs)
 	bash scripts/test.sh

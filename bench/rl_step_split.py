@@ -6,6 +6,7 @@ for warm-up) and the held-out evaluation before training, per task.
 
     python bench/rl_step_split.py                 # ~8 minutes on the 2-core CPU machine
     python bench/rl_step_split.py --horizon 4 --tasks 8 --group 8 --lab-only   # issue 11's step
+    python bench/rl_step_split.py --horizon 4 --tasks 8 --group 8 --models lab lab-sft
 
 Measured on the shared 2-core CPU machine (defaults, one run, 6 minutes):
 
@@ -95,6 +96,14 @@ def measure(model: str, extra: list[str], args: argparse.Namespace, out: Path) -
     )
 
 
+MODELS = {
+    "lab": ["trainer.train_only=[model.norm.weight]", "trainer.lr=2e-2"],
+    "lab-sft": ["trainer.train_only=[]", "trainer.lr=1e-4"],  # every weight (configs/lab_sft.yaml)
+    "bundled": ["trainer.lr=1e-6"],
+}
+"""What each model trains in the measured step."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--horizon", type=int, default=2)
@@ -102,36 +111,31 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--eval-tasks", type=int, default=8)
     parser.add_argument(
+        "--models", nargs="+", choices=sorted(MODELS), default=["lab", "bundled"],
+        help="measured in this order in one run; the last column is last / first",
+    )  # fmt: skip
+    parser.add_argument(
         "--lab-only", action="store_true",
-        help="measure the lab model alone (the bundled model's step takes minutes at 8 x 8)",
+        help="the same as --models lab (the bundled model's step takes minutes at 8 x 8)",
     )  # fmt: skip
     args = parser.parse_args()
+    names = ["lab"] if args.lab_only else args.models
     with tempfile.TemporaryDirectory() as tmp:
-        lab = measure(
-            "lab", ["trainer.train_only=[model.norm.weight]", "trainer.lr=2e-2"], args, Path(tmp)
-        )
-        if args.lab_only:
-            print(f"\nMultiHop horizon {args.horizon}, {args.tasks} tasks x {args.group} samples, "
-                  "step 2, lab model")  # fmt: skip
-            for name, _ in PHASES:
-                print(f"{name:<30} {lab.seconds[name]:>8.1f} s")
-            print(f"{'step total':<30} {sum(lab.seconds.values()):>8.1f} s")
-            print(f"sampled tokens in the step: {lab.sampled_tokens:.0f}")
-            return
-        bundled = measure("bundled", ["trainer.lr=1e-6"], args, Path(tmp))
+        splits = [measure(name, MODELS[name], args, Path(tmp)) for name in names]
     print(f"\nMultiHop horizon {args.horizon}, {args.tasks} tasks x {args.group} samples, step 2")
-    print(f"{'phase':<30} {'lab s':>8} {'bundled s':>10} {'bundled/lab':>12}")
+    ratio = f"{names[-1]}/{names[0]}" if len(names) > 1 else ""
+    print(f"{'phase':<30}" + "".join(f"{n + ' s':>12}" for n in names) + f"{ratio:>16}")
+
+    def row(label: str, values: list[float], digits: int) -> None:
+        first, last = values[0], values[-1]
+        ratio = f"{last / first:>16.2f}" if len(values) > 1 and first else ""
+        print(f"{label:<30}" + "".join(f"{v:>12.{digits}f}" for v in values) + ratio)
+
     for name, _ in PHASES:
-        a, b = lab.seconds[name], bundled.seconds[name]
-        print(f"{name:<30} {a:>8.1f} {b:>10.1f} {b / a if a else float('nan'):>12.2f}")
-    a, b = sum(lab.seconds.values()), sum(bundled.seconds.values())
-    print(f"{'step total':<30} {a:>8.1f} {b:>10.1f} {b / a:>12.2f}")
-    a, b = lab.eval_per_task_s, bundled.eval_per_task_s
-    print(f"{'eval, per held-out task':<30} {a:>8.2f} {b:>10.2f} {b / a:>12.2f}")
-    print(
-        f"sampled tokens in the step: lab {lab.sampled_tokens:.0f}, "
-        f"bundled {bundled.sampled_tokens:.0f}"
-    )
+        row(name, [split.seconds[name] for split in splits], 1)
+    row("step total", [sum(split.seconds.values()) for split in splits], 1)
+    row("eval, per held-out task", [split.eval_per_task_s for split in splits], 2)
+    row("sampled tokens in the step", [split.sampled_tokens for split in splits], 0)
 
 
 if __name__ == "__main__":

