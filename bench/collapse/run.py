@@ -4,7 +4,8 @@
     python bench/collapse/run.py --suite sweep           # noise sweep, no correction
     python bench/collapse/run.py --suite causes          # each real cause, no correction
     python bench/collapse/run.py --gpu                   # GPU-sized (untested here)
-    python bench/collapse/run.py --lab                   # the lab model (no warm start)
+    python bench/collapse/run.py --lab                   # the written lab model (no warm start)
+    python bench/collapse/run.py --lab-sft --suite map --only h4_no_mismatch,...  # the trained one
 
 Each (setting, seed) is one `tir-rl train` process writing `runs/collapse/<setting>_s<seed>/`;
 finished runs are skipped, so an interrupted suite continues where it stopped. The SFT warm
@@ -62,6 +63,14 @@ LAB_SIZE = (
 """What the lab runs change in configs/lab.yaml: half the tasks per step, and the guard's
 k3 alert of `base.yaml` (alerts are recorded, never acted on)."""
 
+LAB_SFT_CONFIG = HERE.parents[1] / "configs" / "lab_sft.yaml"
+"""`--lab-sft` starts from `make train`'s config (the trained lab model `lab-sft`, every weight
+at AdamW 1e-4, horizon 4, 8 tasks x 8 samples, 10 steps; docs/lab_model.md)."""
+
+LAB_SFT_SIZE = ("run.plot_every=5", 'guard.absolute={"mismatch/k3_kl": 0.01}')
+"""What the trained lab model's runs change in configs/lab_sft.yaml: the guard's k3 alert of
+`base.yaml` (recorded, never acted on), and plots every 5 steps."""
+
 CLEAN_EVAL = "run.eval_clean_sampler=true"
 """Lab runs evaluate with a clean sampler too, except where the engine itself is perturbed."""
 
@@ -80,7 +89,10 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="skip the SFT warm start; use this model")
     parser.add_argument("--out", type=Path, default=Path("runs/collapse"))
     parser.add_argument("--gpu", action="store_true", help="GPU-sized runs")
-    parser.add_argument("--lab", action="store_true", help="lab-model runs (model=lab)")
+    parser.add_argument("--lab", action="store_true", help="written lab model runs (model=lab)")
+    parser.add_argument(
+        "--lab-sft", action="store_true", help="trained lab model runs (configs/lab_sft.yaml)"
+    )
     parser.add_argument("--set", dest="extra", action="append", default=[],
                         help="extra override for every run (repeatable)")  # fmt: skip
     parser.add_argument(
@@ -98,13 +110,14 @@ def main() -> None:
         pin_to_core(args.core)
     if args.only:
         settings = pick(settings, args.only.split(","))
-    if args.gpu and args.lab:
-        raise SystemExit("choose one of --gpu and --lab")
-    if args.lab:
-        model = args.model or "lab"
+    if args.gpu + args.lab + args.lab_sft > 1:
+        raise SystemExit("choose one of --gpu, --lab and --lab-sft")
+    lab_config = LAB_CONFIG if args.lab else LAB_SFT_CONFIG if args.lab_sft else None
+    if args.lab or args.lab_sft:
+        model = args.model or ("lab" if args.lab else "lab-sft")
     else:
         model = args.model or ("<sft>" if args.dry_run else warm_start())
-    size = GPU_SIZE if args.gpu else LAB_SIZE if args.lab else ()
+    size = GPU_SIZE if args.gpu else LAB_SIZE if args.lab else LAB_SFT_SIZE if args.lab_sft else ()
     failures = []
     for seed in args.seeds:
         for setting in settings:
@@ -116,9 +129,10 @@ def main() -> None:
             chosen = [*setting.overrides, *args.extra]
             overrides = [
                 f"model={model}", f"run.name={name}", f"run.out_dir={args.out}",
-                f"run.seed={seed}", *size, *lab_clean_eval(args.lab, chosen), *chosen,
+                f"run.seed={seed}", *size,
+                *(lab_clean_eval(chosen, lab_config) if lab_config else ()), *chosen,
             ]  # fmt: skip
-            cmd = ["tir-rl", "train", "--config", str(LAB_CONFIG if args.lab else BASE)]
+            cmd = ["tir-rl", "train", "--config", str(lab_config or BASE)]
             for item in overrides:
                 cmd += ["--set", item]
             print(f"[collapse] {name}: {setting.what}\n  {' '.join(cmd)}", flush=True)
@@ -203,24 +217,22 @@ def pick(settings: list[Setting], names: list[str]) -> list[Setting]:
     return [by_name[n] for n in names]
 
 
-def lab_clean_eval(lab: bool, overrides: list[str]) -> tuple[str, ...]:
-    """`CLEAN_EVAL` for a lab run, unless the run config refuses it for these overrides.
+def lab_clean_eval(overrides: list[str], config: Path = LAB_CONFIG) -> tuple[str, ...]:
+    """`CLEAN_EVAL` for a lab run on `config`, unless it refuses it for these overrides.
 
     RunConfig decides (it refuses a clean evaluation when the engine itself is perturbed, e.g.
     `inject.sampler_dtype`); this only asks it, so the two cannot drift apart. Overrides that
     fail without `CLEAN_EVAL` too are left for the run itself to report.
     """
-    if not lab:
-        return ()
     from tir_rl.config import load
     from tir_rl.errors import ConfigError
     from tir_rl.run_config import RunConfig
 
     try:
-        load(RunConfig, LAB_CONFIG, ["model=tiny", *overrides, CLEAN_EVAL])
+        load(RunConfig, config, ["model=tiny", *overrides, CLEAN_EVAL])
     except ConfigError:
         try:
-            load(RunConfig, LAB_CONFIG, ["model=tiny", *overrides])
+            load(RunConfig, config, ["model=tiny", *overrides])
         except ConfigError:
             return (CLEAN_EVAL,)
         return ()

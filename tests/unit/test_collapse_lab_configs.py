@@ -11,7 +11,14 @@ from tir_rl.run_config import RunConfig
 LAB = Path(__file__).resolve().parents[2] / "bench" / "collapse"
 sys.path.insert(0, str(LAB))
 
-from run import GPU_SIZE, LAB_CONFIG, LAB_SIZE, lab_clean_eval  # noqa: E402
+from run import (  # noqa: E402
+    GPU_SIZE,
+    LAB_CONFIG,
+    LAB_SFT_CONFIG,
+    LAB_SFT_SIZE,
+    LAB_SIZE,
+    lab_clean_eval,
+)
 from settings import MISMATCHES, suite  # noqa: E402
 
 CASES = [
@@ -45,10 +52,19 @@ def test_corrections_suite_covers_every_correction_the_issue_names() -> None:
 )
 def test_setting_loads_on_the_lab_config(suite_name, mismatch, setting) -> None:
     chosen = list(setting.overrides)
-    overrides = ["model=tiny", *LAB_SIZE, *lab_clean_eval(True, chosen), *chosen]
+    overrides = ["model=tiny", *LAB_SIZE, *lab_clean_eval(chosen), *chosen]
     config = load(RunConfig, LAB_CONFIG, overrides)
     assert config.run.tasks_per_step == (2 if suite_name == "long" else 4)
     assert config.trainer.train_only == ("model.norm.weight",)
+    assert config.run.eval_clean_sampler == (config.inject.sampler_dtype is None)
+
+
+@pytest.mark.parametrize("setting", suite("map"), ids=lambda s: s.name)
+def test_map_setting_loads_on_the_trained_lab_models_config(setting) -> None:
+    chosen = list(setting.overrides)
+    overrides = ["model=tiny", *LAB_SFT_SIZE, *lab_clean_eval(chosen, LAB_SFT_CONFIG), *chosen]
+    config = load(RunConfig, LAB_SFT_CONFIG, overrides)
+    assert not config.trainer.train_only and config.trainer.lr == 1e-4
     assert config.run.eval_clean_sampler == (config.inject.sampler_dtype is None)
 
 
