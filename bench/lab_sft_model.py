@@ -1,6 +1,8 @@
 """A lab model with slack: a small Llama trained by SFT on MultiHop's oracle episodes (issue 31).
 
-Exploratory builder, not yet the package's lab model. What it does, in one command:
+The builder of the trained lab model shipped in tir_rl/data/lab_sft (`model: lab-sft`):
+scripts/build_lab_sft.sh runs it twice, once from random weights and once with `--init` and
+`--early-answer-rate 0.1`. What one call does:
 
 1. A tokenizer of its own, built with `tokenizers`: byte-level BPE (600 merges' worth)
    learned from rendered oracle episodes, the chat format's special tokens, and every entity
@@ -16,6 +18,9 @@ Exploratory builder, not yet the package's lab model. What it does, in one comma
      and keys are random: where to look is learned.
 3. SFT on oracle episodes of the train split (horizons 1-8), the loss on the assistant's
    tokens, names and relations weighted 10x, AdamW with warm-up and cosine decay.
+   With `--early-answer-rate R`, each demonstration stops at each hop before the last with
+   probability R and answers with the entity reached so far (a wrong answer); with `--init`,
+   steps 1-2 are replaced by an earlier build's tokenizer and weights.
 
     python bench/lab_sft_model.py --out /tmp/lab-sft --steps 1000   # ~10 min on 2 cores
 

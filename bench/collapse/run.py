@@ -78,7 +78,7 @@ CLEAN_EVAL = "run.eval_clean_sampler=true"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--suite", default="corrections", help="corrections|sweep|causes|map|long|breaking"
+        "--suite", default="corrections", help="corrections|sweep|causes|map|long|breaking|sft_long"
     )
     parser.add_argument("--mismatch", default="noise", choices=sorted(MISMATCHES))
     parser.add_argument("--noise-std", type=float, default=None, help="for --mismatch noise")

@@ -169,6 +169,30 @@ def long_suite() -> list[Setting]:
     return settings
 
 
+SFT_LONG_RUN: tuple[str, ...] = (
+    "run.steps=300",
+    "run.eval_every=50",
+    "run.plot_every=50",
+    "run.checkpoint_every=50",
+)
+"""The trained lab model's long runs (`--lab-sft`): 300 steps of make train's 8 x 8, held-out
+every 50 steps."""
+
+
+def sft_long_suite() -> list[Setting]:
+    """300-step runs of the trained lab model at horizon 4 under its largest real gap (raw
+    logprobs at T 0.8), uncorrected, in both update modes."""
+    base = (*horizon_overrides(4), *SFT_LONG_RUN, *_temperature(0.8), "correction_preset=none")
+    return [
+        Setting(
+            f"h4_{mode}_raw_T0.8_300",
+            (*base, *mode_overrides, "inject.raw_logprobs=true"),
+            f"horizon 4, 300 steps, {mode}, raw logprobs at T 0.8, no correction",
+        )
+        for mode, mode_overrides in MAP_MODES
+    ]
+
+
 def breaking_point_suite() -> list[Setting]:
     """The corrections suite at the map's breaking point: bypass mode, horizon 8, logit noise
     0.2 (both uncorrected seeds collapsed there), with the decoupled recompute beside it."""
@@ -210,7 +234,8 @@ MISMATCHES: dict[str, tuple[tuple[str, ...], str]] = {
 
 
 def suite(name: str, mismatch: str = "noise", noise_std: float | None = None) -> list[Setting]:
-    """The settings of suite `name`: corrections, sweep, causes, map, long or breaking."""
+    """The settings of suite `name`: corrections, sweep, causes, map, long, breaking or
+    sft_long."""
     if name == "corrections":
         overrides, label = MISMATCHES[mismatch]
         if mismatch == "noise" and noise_std is not None:
@@ -226,6 +251,9 @@ def suite(name: str, mismatch: str = "noise", noise_std: float | None = None) ->
         return long_suite()
     if name == "breaking":
         return breaking_point_suite()
+    if name == "sft_long":
+        return sft_long_suite()
     raise SystemExit(
-        f"unknown suite {name!r}: choose corrections, sweep, causes, map, long or breaking"
+        f"unknown suite {name!r}: choose corrections, sweep, causes, map, long, breaking or "
+        "sft_long"
     )

@@ -59,7 +59,7 @@ def test_setting_loads_on_the_lab_config(suite_name, mismatch, setting) -> None:
     assert config.run.eval_clean_sampler == (config.inject.sampler_dtype is None)
 
 
-@pytest.mark.parametrize("setting", suite("map"), ids=lambda s: s.name)
+@pytest.mark.parametrize("setting", suite("map") + suite("sft_long"), ids=lambda s: s.name)
 def test_map_setting_loads_on_the_trained_lab_models_config(setting) -> None:
     chosen = list(setting.overrides)
     overrides = ["model=tiny", *LAB_SFT_SIZE, *lab_clean_eval(chosen, LAB_SFT_CONFIG), *chosen]
