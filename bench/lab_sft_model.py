@@ -156,7 +156,7 @@ def main() -> None:
         "--init",
         type=Path,
         help="start from this build's weights and tokenizer (instead of random weights and a "
-        "new tokenizer); the embedding stays frozen",
+        "new tokenizer; --copy-layers then does nothing); the embedding stays frozen",
     )
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--threads", type=int, default=2)
@@ -221,6 +221,13 @@ def main() -> None:
         pad_token_id=hf.pad_token_id,
     )
     model = LlamaForCausalLM.from_pretrained(args.init) if args.init else LlamaForCausalLM(config)
+    shape = {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads"}
+    for arg, key in shape.items():
+        if args.init and getattr(model.config, key) != getattr(args, arg):
+            raise SystemExit(
+                f"--{arg} {getattr(args, arg)}: the --init build has {getattr(model.config, key)}"
+                f": give --{arg} {getattr(model.config, key)}"
+            )
     if not args.init:
         with torch.no_grad():
             codes = torch.randn(vocab, d)

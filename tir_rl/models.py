@@ -248,8 +248,7 @@ def resolve_model(name_or_path: str) -> Path:
     if not (path / "config.json").is_file():
         raise ModelError(
             f"Model {name_or_path!r} is neither 'bundled', 'tiny', 'lab', 'lab-sft' nor a folder "
-            "with a "
-            "config.json. "
+            "with a config.json. "
             "Point model.path at a local Hugging Face checkpoint, or run `tir-rl models prepare`."
         )
     return path
