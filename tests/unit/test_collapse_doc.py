@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "collapse" / "results"
 DOC = ROOT / "docs" / "collapse.md"
-SUITES = ("long", "map", "breaking", "sft_map")
+SUITES = ("long", "map", "breaking", "sft_map", "sft_long")
 SETTINGS_NOT_RESULTS = {"0.999", "1.001"}
 """The `geo_rs` band, quoted as a setting."""
 
