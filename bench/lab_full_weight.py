@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from kept_run import keep_record, train_pinned
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -158,11 +158,6 @@ bench/lab_sft_records/)."""
 
 def run(name: str, core: int | None, sft_model: Path | None) -> None:
     """Train one run of `RUNS` and keep its record."""
-    env = dict(os.environ)
-    prefix: list[str] = []
-    if core is not None:
-        env |= {"VLLM_CPU_OMP_THREADS_BIND": str(core), "OMP_NUM_THREADS": "1"}
-        prefix = ["taskset", "-c", str(core)]
     with tempfile.TemporaryDirectory() as tmp:
         sets = [*RUNS[name], f"run.name={name}", f"run.out_dir={tmp}"]
         if REBALANCED in sets:
@@ -173,17 +168,8 @@ def run(name: str, core: int | None, sft_model: Path | None) -> None:
             if sft_model is None:
                 raise SystemExit(f"{name} trains the SFT model: give --sft-model FOLDER")
             sets[sets.index(SFT)] = f"model={sft_model}"
-        command = [*prefix, sys.executable, "-m", "tir_rl.cli", "train", "--config"]
-        command += [str(ROOT / "configs" / "lab.yaml")]
-        for item in sets:
-            command += ["--set", item]
-        subprocess.run(command, check=True, env=env)
-        out = RECORDS / name
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir(parents=True)
-        for path in Path(tmp, name).glob("*"):
-            if path.name in ("config.yaml", "metrics.jsonl") or path.name.startswith("eval_step_"):
-                shutil.copy(path, out / path.name)
+        train_pinned(ROOT / "configs" / "lab.yaml", sets, core)
+        keep_record(Path(tmp, name), RECORDS / name)
 
 
 def report() -> str:

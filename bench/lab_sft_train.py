@@ -12,42 +12,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
+
+from kept_run import keep_record, train_pinned
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CONFIG = ROOT / "configs" / "lab_sft.yaml"
 RECORDS = HERE / "lab_sft_train_records"
-KEPT = ("config.yaml", "metrics.jsonl")
 
 
 def run(seed: int, core: int | None, sets: list[str]) -> Path:
     """Train once with `run.seed=seed` and the extra settings; keep the record."""
     name = "-".join([f"seed{seed}", *(s.replace("=", "") for s in sets)])
-    env = dict(os.environ)
-    prefix: list[str] = []
-    if core is not None:
-        env |= {"VLLM_CPU_OMP_THREADS_BIND": str(core), "OMP_NUM_THREADS": "1"}
-        prefix = ["taskset", "-c", str(core)]
     with tempfile.TemporaryDirectory() as tmp:
-        command = [*prefix, sys.executable, "-m", "tir_rl.cli", "train", "--config", str(CONFIG)]
-        for item in (f"run.seed={seed}", f"run.name={name}", f"run.out_dir={tmp}", *sets):
-            command += ["--set", item]
-        started = time.perf_counter()
-        subprocess.run(command, check=True, env=env)
-        wall = time.perf_counter() - started
+        run_sets = [f"run.seed={seed}", f"run.name={name}", f"run.out_dir={tmp}", *sets]
+        wall = train_pinned(CONFIG, run_sets, core)
         out = RECORDS / name
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir(parents=True)
-        for path in Path(tmp, name).glob("*"):
-            if path.name in KEPT or path.name.startswith("eval_step_"):
-                shutil.copy(path, out / path.name)
+        keep_record(Path(tmp, name), out)
         (out / "wall.json").write_text(
             json.dumps({"wall_s": round(wall, 1), "core": core, "sets": sets}) + "\n"
         )
