@@ -22,7 +22,9 @@ from tir_rl.trainer.batch import Packing
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny", help="tiny, small8m, bundled or a path")
+    parser.add_argument(
+        "--model", default="tiny", help="tiny, small8m, llama-0.5b, bundled or a path"
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--num-seqs", type=int, default=8)

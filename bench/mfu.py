@@ -33,6 +33,16 @@ _DATASHEET_TFLOPS = {  # dense peaks; float32 without TF32
 SMALL_8M = {"num_layers": 4, "hidden_size": 128, "intermediate_size": 512, "num_heads": 2}
 """The ~8M-parameter bench model (d=128, 4 layers, the bundled 49152-token vocabulary)."""
 
+LLAMA_05B = {
+    "num_layers": 24,
+    "hidden_size": 1024,
+    "intermediate_size": 4096,
+    "num_heads": 16,
+    "num_kv_heads": 4,
+}
+"""The ~0.42B-parameter bench model (issue 13's realistic size): random weights, the tiny
+model's tokenizer, so a GPU machine needs only the prepared tiny model to build it."""
+
 
 def pick_device(name: str) -> torch.device:
     """`auto` → CUDA when available, else CPU."""
@@ -48,14 +58,47 @@ def synchronize(device: torch.device) -> None:
 
 
 def resolve_bench_model(name: str) -> str:
-    """`tiny`, `small8m` (built once under the temp folder, not the shared cache), or as is."""
-    if name != "small8m":
+    """`tiny`, `small8m`, `llama-0.5b` (built once under the temp folder, not the shared
+    cache), or as is."""
+    if name not in ("small8m", "llama-0.5b"):
         return name
     from tir_rl.models import TinyModelSpec, prepare_tiny_model
 
-    spec = TinyModelSpec(**SMALL_8M)
+    spec = TinyModelSpec(**(SMALL_8M if name == "small8m" else LLAMA_05B))
     dest = Path(tempfile.gettempdir()) / "tir-rl-bench" / spec.dirname
-    return str(prepare_tiny_model(spec, dest=dest))
+    if name == "small8m":
+        return str(prepare_tiny_model(spec, dest=dest))
+    return str(random_llama_like_tiny(spec, dest))
+
+
+def random_llama_like_tiny(spec, dest: Path) -> Path:
+    """A random Llama of `spec`'s shape with the prepared tiny model's tokenizer and config."""
+    if (dest / "config.json").is_file():
+        return dest
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from tir_rl.models import prepare_tiny_model
+
+    tiny = prepare_tiny_model()
+    config = LlamaConfig.from_pretrained(tiny)
+    config.update(
+        {
+            "hidden_size": spec.hidden_size,
+            "intermediate_size": spec.intermediate_size,
+            "num_hidden_layers": spec.num_layers,
+            "num_attention_heads": spec.num_heads,
+            "num_key_value_heads": spec.num_kv_heads,
+            "head_dim": spec.hidden_size // spec.num_heads,
+        }
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(spec.seed)
+        model = LlamaForCausalLM(config)
+    partial = dest.with_name(dest.name + ".partial")
+    model.save_pretrained(partial)
+    AutoTokenizer.from_pretrained(tiny).save_pretrained(partial)
+    partial.rename(dest)
+    return dest
 
 
 def matmul_weights(model: torch.nn.Module) -> int:

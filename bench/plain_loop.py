@@ -82,7 +82,9 @@ def run_plain_loop(model_path: str, batch: TrainBatch, args, device: torch.devic
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny", help="tiny, small8m, bundled or a path")
+    parser.add_argument(
+        "--model", default="tiny", help="tiny, small8m, llama-0.5b, bundled or a path"
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     parser.add_argument("--dtype", choices=list(mfu.DTYPES), default="bfloat16")
     parser.add_argument("--peak-tflops", type=float, default=None, help="MFU denominator")

@@ -61,7 +61,9 @@ def timed(fn, repeats: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="bundled", help="bundled, tiny, small8m or a path")
+    parser.add_argument(
+        "--model", default="bundled", help="bundled, tiny, small8m, llama-0.5b or a path"
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     parser.add_argument("--dtype", choices=list(mfu.DTYPES), default="float32")
     parser.add_argument("--peak-tflops", type=float, default=None, help="MFU denominator")
