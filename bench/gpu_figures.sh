@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU figures of docs/scale.md and docs/lab_model.md in one run on a CUDA machine:
 # the trainer's CUDA tests, the trained lab model's precision gap on episodes a run kept,
-# bf16 layout noise, and the update pass's tokens/s and MFU on a ~0.42B random Llama.
+# bf16 layout noise, and the update pass's tokens/s and MFU on a ~0.42B random Llama
+# (with and without trainer.cudnn_attention, and beside the plain loop).
 # Each step is time-boxed and writes OUT_DIR/<step>.txt; one failing step does not stop
 # the others (each step's exit status is printed).
 #
@@ -30,14 +31,15 @@ step() {
 } > "$out/device.txt" 2>&1
 cat "$out/device.txt"
 
-step precision_gap 90 python3 bench/precision_gap.py --device cuda --model lab-sft --trajectories "$@"
 step trainer_tests_cuda 150 python3 -m pytest tests/integration/trainer \
     tests/unit/test_chunked_token_logprobs.py tests/unit/test_token_entropy.py \
     -k cuda -q -p no:cacheprovider --timeout 100
-step layout_noise 90 python3 bench/layout_noise.py --device cuda --model llama-0.5b \
-    --num-seqs 16 --max-len 2048
-step trainer_packing 120 python3 bench/trainer_packing.py --device cuda --dtype bfloat16 \
-    --model llama-0.5b --num-seqs 64 --min-len 256 --max-len 2048 --micro-batch-tokens 8192 \
-    --train
+packing=(--device cuda --dtype bfloat16 --model llama-0.5b --num-seqs 64 --min-len 256
+    --max-len 2048 --micro-batch-tokens 8192 --train)
+step trainer_packing 120 python3 bench/trainer_packing.py "${packing[@]}"
+step trainer_packing_cudnn 120 python3 bench/trainer_packing.py "${packing[@]}" --cudnn-attention
+step precision_gap 90 python3 bench/precision_gap.py --device cuda --model lab-sft --trajectories "$@"
 step plain_loop 90 python3 bench/plain_loop.py --device cuda --dtype bfloat16 \
     --model llama-0.5b --num-seqs 64 --min-len 256 --max-len 2048 --micro-batch-tokens 8192
+step layout_noise 90 python3 bench/layout_noise.py --device cuda --model llama-0.5b \
+    --num-seqs 16 --max-len 2048

@@ -128,6 +128,8 @@ def main() -> None:
     model_path = str(trainer.model_path)  # `tiny`/`bundled` resolved to a folder
     del trainer
     mfu.reset_peak_memory(device)
+    if device.type == "cuda":  # the plain loop runs with torch's default attention kernels
+        torch.backends.cuda.enable_cudnn_sdp(True)
     plain_s = run_plain_loop(model_path, batch, args, device)
     plain_memory = mfu.peak_memory_gib(device)
 

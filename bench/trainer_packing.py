@@ -72,6 +72,18 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=1024)
     parser.add_argument("--micro-batch-tokens", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--warm-shapes",
+        action="store_true",
+        help="run each timed pass once on the whole batch first: its micro-batch shapes are "
+        "then warm (cuDNN attention plans a new shape on first use); default: fresh shapes, "
+        "as each training step's new lengths give",
+    )
+    parser.add_argument(
+        "--cudnn-attention",
+        action="store_true",
+        help="CUDA: trainer.cudnn_attention (let sdpa use cuDNN; off by default)",
+    )
     parser.add_argument("--train", action="store_true", help="also time the training steps")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -87,6 +99,7 @@ def main() -> None:
         micro_batch_tokens=args.micro_batch_tokens,
         device=str(device),
         dtype=args.dtype,
+        cudnn_attention=args.cudnn_attention,
     )
     trainer = Trainer(config)
     peak, peak_source = mfu.peak_tflops(device, args.dtype, args.peak_tflops)
@@ -94,7 +107,9 @@ def main() -> None:
         f"model={args.model} device={device} dtype={args.dtype} sequences={batch.num_sequences} "
         f"tokens={batch.num_tokens} lengths min/mean/max={int(lens.min())}/"
         f"{float(lens.float().mean()):.0f}/{int(lens.max())} budget={args.micro_batch_tokens} "
-        f"threads={torch.get_num_threads()} peak={peak:.3g} TFLOP/s ({peak_source})"
+        f"threads={torch.get_num_threads()} peak={peak:.3g} TFLOP/s ({peak_source}) "
+        f"shapes={'warm' if args.warm_shapes else 'fresh'} "
+        f"cudnn_attention={args.cudnn_attention}"
     )
     seq_lens = lens.tolist()
     forward_flops = mfu.model_flops(trainer.model, seq_lens, backward=False)
@@ -112,6 +127,8 @@ def main() -> None:
         timings = {"recompute": recompute_s}
         if args.train:
             trainer.train_step(batch.select([0]), advantages[:1])  # warm-up of backward/AdamW
+            if args.warm_shapes:
+                trainer.train_step(batch, advantages, old_logprobs=old)
             timings["update"] = timed(
                 lambda old=old: trainer.train_step(batch, advantages, old_logprobs=old),
                 args.repeats,

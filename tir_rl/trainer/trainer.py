@@ -223,6 +223,12 @@ class Trainer:
         about 2× float32 throughput). Off by default: float32 compute then means IEEE
         float32. Sets the process-wide `torch.set_float32_matmul_precision` ("high" when on,
         "highest" when off); refused on the CPU, which has no TF32."""
+        cudnn_attention: bool = False
+        """CUDA only: let sdpa use cuDNN's attention kernel. Off by default: cuDNN plans each
+        new input shape on first use, and every training step brings new lengths. On an
+        H100 (a 0.42B Llama in bfloat16, docs/scale.md) the update pass on fresh shapes ran
+        2-3× slower with it than without; on shapes already seen the two were alike. Sets
+        the process-wide `torch.backends.cuda.enable_cudnn_sdp`; refused on the CPU."""
         grad_checkpointing: bool = False
         """Recompute activations in backward to save memory."""
         attn_implementation: str = "sdpa"
@@ -296,8 +302,14 @@ class Trainer:
                 f"trainer.tf32 is for CUDA float32 matrix products; the trainer runs on "
                 f"{self.device}. Set trainer.tf32 false (or trainer.device cuda)."
             )
+        if self.config.cudnn_attention and self.device.type != "cuda":
+            raise ConfigError(
+                f"trainer.cudnn_attention chooses a CUDA attention kernel; the trainer runs on "
+                f"{self.device}. Set trainer.cudnn_attention false (or trainer.device cuda)."
+            )
         if self.device.type == "cuda":
             torch.set_float32_matmul_precision("high" if self.config.tf32 else "highest")
+            torch.backends.cuda.enable_cudnn_sdp(self.config.cudnn_attention)
         self.lora_enabled = self.config.lora.enabled
         if self.lora_enabled:
             lora_ops.import_peft()  # refuse a missing extra before loading anything

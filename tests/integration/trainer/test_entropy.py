@@ -13,9 +13,9 @@ def reference_entropy(model, batch, temperature: float) -> float:
         for i in range(batch.num_sequences):
             prompt = batch.prompt_ids[i]
             n = int(batch.completion_lens[i])
-            ids = torch.cat([prompt, batch.completion_ids[i, :n]])[None]
+            ids = torch.cat([prompt, batch.completion_ids[i, :n]])[None].to(model.device)
             logits = model(ids).logits[0, len(prompt) - 1 : -1].float() / temperature  # [n, V]
-            entropy = torch.distributions.Categorical(logits=logits).entropy()
+            entropy = torch.distributions.Categorical(logits=logits).entropy().cpu()
             total += float(entropy[batch.loss_mask[i, :n]].sum())
             count += int(batch.loss_mask[i, :n].sum())
     return total / count

@@ -217,6 +217,23 @@ def test_tf32_is_an_explicit_cuda_setting_refused_on_the_cpu(make_trainer, devic
         torch.set_float32_matmul_precision(before)
 
 
+def test_cudnn_attention_is_an_explicit_cuda_setting_refused_on_the_cpu(make_trainer, device):
+    from tir_rl.errors import ConfigError
+
+    if device == "cpu":
+        with pytest.raises(ConfigError, match="cudnn_attention"):
+            make_trainer(cudnn_attention=True)
+        return
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        make_trainer(cudnn_attention=True)
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        make_trainer()
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+
+
 def test_train_only_moves_the_named_parameters_and_nothing_else(make_trainer):
     trainer = make_trainer(train_only=("model.norm.weight", "model.layers.1.*"))
     batch = make_batch()
