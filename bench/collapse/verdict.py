@@ -99,7 +99,7 @@ def judge_run(
     rewards = [train[s] for s in steps]
     trailing = [statistics.fmean(rewards[max(0, i - c.smooth + 1) : i + 1])
                 for i in range(len(rewards))]  # fmt: skip
-    spikes = _spike_steps(values_by_step(rows, GRAD_NORM_KEY), c)
+    spikes = spike_steps(values_by_step(rows, GRAD_NORM_KEY), c)
 
     collapse_step, best = None, -math.inf
     for i, value in enumerate(trailing):
@@ -138,7 +138,7 @@ def values_by_step(rows: Sequence[dict[str, Any]], key: str) -> dict[int, float]
     return out
 
 
-def _spike_steps(grad_norms: dict[int, float], c: CollapseCriteria) -> list[int]:
+def spike_steps(grad_norms: dict[int, float], c: CollapseCriteria) -> list[int]:
     history: list[float] = []
     spikes = []
     for step in sorted(grad_norms):
