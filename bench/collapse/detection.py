@@ -99,8 +99,8 @@ def grad_norm_spikes(rows: Rows) -> list[int]:
 def detectors(smooth: int, baseline: int) -> list[Detector]:
     found = [Detector("guard (as recorded)", guard_alerts)]
     found.append(Detector("grad_norm_spike", grad_norm_spikes))
-    for threshold in (1e-3, 3e-3, 1e-2):
-        found.append(Detector(f"k3 > {threshold:g}", above(K3_KEY, threshold, smooth)))
+    for label, threshold in (("1e-3", 1e-3), ("3e-3", 3e-3), ("1e-2", 1e-2)):
+        found.append(Detector(f"k3 > {label}", above(K3_KEY, threshold, smooth)))
     for factor in (3.0, 10.0):
         found.append(
             Detector(f"k3 > {factor:g}x baseline", above_baseline(K3_KEY, factor, smooth, baseline))

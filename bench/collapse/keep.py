@@ -5,13 +5,15 @@
 A run folder holds checkpoints, TensorBoard events and trajectories that are too big to
 keep; `report.py` needs only what this copies: the resolved `config.yaml`, `metrics.jsonl`,
 the evaluation reports (`eval*_step_*.json`, with each task's pass@1) and the `DONE` marker
-with the wall time. The tables of docs/collapse.md are regenerated from the kept records
+with the wall time. The per-sequence records (`sequences.jsonl`) are kept too, gzipped. The
+tables of docs/collapse.md are regenerated from the kept records
 with `python bench/collapse/report.py bench/collapse/results/<suite>`.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import shutil
 from pathlib import Path
 
@@ -22,8 +24,10 @@ RECORDS = (
     "attempts.txt",
     "eval_step_*.json",
     "eval_clean_step_*.json",
-    "sequences.jsonl",
 )
+COMPRESSED = ("sequences.jsonl",)
+"""Kept gzipped (`*.gz`; `tir_rl.report.sequences.read_sequences` reads either): the
+per-sequence records are the largest file of a run, and compress about tenfold."""
 
 
 def keep(source: Path, dest: Path) -> list[Path]:
@@ -35,6 +39,10 @@ def keep(source: Path, dest: Path) -> list[Path]:
         for pattern in RECORDS:
             for path in run.glob(pattern):
                 shutil.copy2(path, target / path.name)
+        for name in COMPRESSED:
+            if (run / name).is_file():
+                with (run / name).open("rb") as src, gzip.open(target / f"{name}.gz", "wb") as out:
+                    shutil.copyfileobj(src, out)
         kept.append(target)
     return kept
 

@@ -144,7 +144,7 @@ LONG_RUN: tuple[str, ...] = (
 )
 """The long runs' size: 200 steps of 2 tasks x 8 samples, held-out every 25 steps, and a
 learning rate 10x below configs/lab.yaml's, at which learning spans tens of steps instead of
-five (at 5e-2 the lab policy had converged by step 5, docs/collapse.md section 1)."""
+five (at 5e-2 the lab policy had converged by step 5, docs/collapse.md B1)."""
 
 
 def long_suite() -> list[Setting]:

@@ -50,3 +50,16 @@ def test_every_figure_collapse_md_quotes_is_in_a_regenerated_report():
     assert len(quoted) > 100  # the page quotes its tables, not only prose
     missing = sorted(f for f in quoted if f.lstrip("+") not in reports and f not in reports)
     assert not missing, f"docs/collapse.md quotes figures no kept record gives: {missing}"
+
+
+def test_the_detection_table_is_what_detection_py_writes_from_the_long_runs():
+    from detection import study
+
+    table = study(load_runs(RESULTS / "sft_long"), window=25, smooth=5, baseline=25)
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    doc = DOC.read_text()
+    missing = [row for row in rows if row not in doc]
+    assert len(rows) > 5 and not missing, (
+        "run: python bench/collapse/detection.py bench/collapse/results/sft_long, and paste "
+        f"its table into docs/collapse.md section A3; missing rows: {missing}"
+    )

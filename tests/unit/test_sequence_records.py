@@ -74,3 +74,17 @@ def test_a_resumed_run_drops_the_records_of_the_steps_it_replays(tmp_path, batch
     keep_sequences_up_to(path, 2)
     assert [r.step for r in read_sequences(path)] == [1, 1, 2, 2]
     keep_sequences_up_to(tmp_path / "absent.jsonl", 0)  # a fresh run: nothing to cut
+
+
+def test_a_kept_gzip_copy_reads_back_the_same_records(tmp_path, batch):
+    import gzip
+
+    path = tmp_path / "sequences.jsonl"
+    append_sequences(path, sequence_records(
+        1, batch, batch.sampler_logprobs, advantages=None, kept=None, weights=None,
+        trained_version=3,
+    ))  # fmt: skip
+    packed = tmp_path / "sequences.jsonl.gz"
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    assert read_sequences(packed) == read_sequences(path)
+    assert len(read_sequences(packed)) == 2

@@ -10,6 +10,7 @@ not a rerun.
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -119,6 +120,7 @@ def keep_sequences_up_to(path: Path, step: int) -> None:
 
 
 def read_sequences(path: Path) -> list[SequenceRecord]:
-    """The records of a `sequences.jsonl`."""
-    with path.open(encoding="utf-8") as file:
+    """The records of a `sequences.jsonl`, or of its gzip copy `sequences.jsonl.gz`."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as file:
         return [SequenceRecord(**json.loads(line)) for line in file if line.strip()]
