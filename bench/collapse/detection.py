@@ -33,10 +33,11 @@ sys.path.insert(0, str(HERE))
 
 from report import Run, load_runs  # noqa: E402
 from verdict import (  # noqa: E402
-    ALERTS_KEY,
     GRAD_NORM_KEY,
     CollapseCriteria,
+    alert_steps,
     spike_steps,
+    trailing_means,
     values_by_step,
 )
 
@@ -50,14 +51,6 @@ Rows = Sequence[dict[str, Any]]
 class Detector:
     name: str
     firing_steps: Callable[[Rows], list[int]]
-
-
-def trailing_means(values: dict[int, float], smooth: int) -> dict[int, float]:
-    steps = sorted(values)
-    return {
-        s: statistics.fmean(values[t] for t in steps[max(0, i - smooth + 1) : i + 1])
-        for i, s in enumerate(steps)
-    }
 
 
 def above(key: str, threshold: float, smooth: int) -> Callable[[Rows], list[int]]:
@@ -88,16 +81,12 @@ def above_baseline(
     return fire
 
 
-def guard_alerts(rows: Rows) -> list[int]:
-    return sorted(s for s, n in values_by_step(rows, ALERTS_KEY).items() if n > 0)
-
-
 def grad_norm_spikes(rows: Rows) -> list[int]:
     return spike_steps(values_by_step(rows, GRAD_NORM_KEY), CollapseCriteria())
 
 
 def detectors(smooth: int, baseline: int) -> list[Detector]:
-    found = [Detector("guard (as recorded)", guard_alerts)]
+    found = [Detector("guard (as recorded)", alert_steps)]
     found.append(Detector("grad_norm_spike", grad_norm_spikes))
     for label, threshold in (("1e-3", 1e-3), ("3e-3", 3e-3), ("1e-2", 1e-2)):
         found.append(Detector(f"k3 > {label}", above(K3_KEY, threshold, smooth)))

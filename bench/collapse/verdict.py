@@ -94,11 +94,9 @@ def judge_run(
 ) -> CollapseVerdict:
     """Apply the collapse definition to a run's metric rows (each with a `step`)."""
     c = criteria or CollapseCriteria()
-    train = values_by_step(rows, REWARD_KEY)
-    steps = sorted(train)
-    rewards = [train[s] for s in steps]
-    trailing = [statistics.fmean(rewards[max(0, i - c.smooth + 1) : i + 1])
-                for i in range(len(rewards))]  # fmt: skip
+    by_step = trailing_means(values_by_step(rows, REWARD_KEY), c.smooth)
+    steps = sorted(by_step)
+    trailing = [by_step[s] for s in steps]
     spikes = spike_steps(values_by_step(rows, GRAD_NORM_KEY), c)
 
     collapse_step, best = None, -math.inf
@@ -111,7 +109,7 @@ def judge_run(
                 break
         best = max(best, value)
 
-    alerts = sorted(s for s, n in values_by_step(rows, ALERTS_KEY).items() if n > 0)
+    alerts = alert_steps(rows)
     heldout = values_by_step(rows, HELDOUT_KEY)
     first_eval = heldout[min(heldout)] if heldout else None
     last_eval = heldout[max(heldout)] if len(heldout) > 1 else None
@@ -126,6 +124,20 @@ def judge_run(
         peak_reward=max(trailing, default=0.0),
         final_reward=trailing[-1] if trailing else 0.0,
     )
+
+
+def trailing_means(values: dict[int, float], smooth: int) -> dict[int, float]:
+    """By step, the mean of the values at that step and the `smooth - 1` steps before it."""
+    steps = sorted(values)
+    return {
+        s: statistics.fmean(values[t] for t in steps[max(0, i - smooth + 1) : i + 1])
+        for i, s in enumerate(steps)
+    }
+
+
+def alert_steps(rows: Sequence[dict[str, Any]]) -> list[int]:
+    """Steps at which the collapse guard recorded an alert."""
+    return sorted(s for s, n in values_by_step(rows, ALERTS_KEY).items() if n > 0)
 
 
 def values_by_step(rows: Sequence[dict[str, Any]], key: str) -> dict[int, float]:

