@@ -138,6 +138,7 @@ def table(runs: list[Run]) -> str:
 
 
 REWARD_BLOCK = 25
+MASKED_SEQ_KEY = "mismatch/correction/masked_seq_fraction"
 """Runs longer than this many steps show their rollout reward as block means of this size."""
 
 
@@ -148,7 +149,7 @@ def trajectories(runs: list[Run]) -> str:
     Runs of more than `REWARD_BLOCK` steps show the mean of each block of that many steps
     instead of every step, for the reward and also for the trainer entropy and the k3 KL
     (whose drift over a long run is what a guard with limits relative to a rolling median
-    cannot see).
+    cannot see), and the share of sequences a correction masked ("–" when it masked none).
     """
     longest = _longest(runs)
     blocked = longest > REWARD_BLOCK
@@ -157,6 +158,7 @@ def trajectories(runs: list[Run]) -> str:
     if blocked:
         header += (
             f" entropy (mean per {REWARD_BLOCK} steps) | k3 KL (mean per {REWARD_BLOCK} steps) |"
+            f" sequences masked (mean per {REWARD_BLOCK} steps) |"
         )
     else:
         header += " k3 KL (per step) |"
@@ -174,7 +176,9 @@ def trajectories(runs: list[Run]) -> str:
         row = f"| {run.setting}_s{run.seed} | {reward_text} | {entropy_text} |"
         k3 = values_by_step(run.rows, "mismatch/k3_kl")
         if blocked:
-            row += f" {_block_means(entropy, '.2f')} | {_block_means(k3, '.1e')} |"
+            masked = values_by_step(run.rows, MASKED_SEQ_KEY)
+            masked_text = _block_means(masked, ".2f") if any(masked.values()) else "–"
+            row += f" {_block_means(entropy, '.2f')} | {_block_means(k3, '.1e')} | {masked_text} |"
         else:
             row += f" {', '.join(f'{k3[s]:.1e}' for s in sorted(k3)) or '–'} |"
         lines.append(row)

@@ -64,8 +64,12 @@ def test_map_setting_loads_on_the_trained_lab_models_config(setting) -> None:
     chosen = list(setting.overrides)
     overrides = ["model=tiny", *LAB_SFT_SIZE, *lab_clean_eval(chosen, LAB_SFT_CONFIG), *chosen]
     config = load(RunConfig, LAB_SFT_CONFIG, overrides)
-    assert not config.trainer.train_only and config.trainer.lr == 1e-4
+    assert not config.trainer.train_only
+    assert config.trainer.lr == (3e-4 if "_lr3e-4" in setting.name else 1e-4), setting.name
     assert config.run.eval_clean_sampler == (config.inject.sampler_dtype is None)
+    assert (config.correction.bypass != "off") == ("_bypass_" in setting.name), setting.name
+    presets = [o.split("=", 1)[1] for o in chosen if o.startswith("correction_preset=")]
+    assert presets[-1] == ("geo_rs" if "_geo_rs" in setting.name else "none"), setting.name
 
 
 def test_map_covers_both_update_modes_at_two_horizons_for_every_mismatch() -> None:

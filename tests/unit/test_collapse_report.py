@@ -53,11 +53,11 @@ def test_long_runs_show_block_means_of_the_reward(tmp_path):
     assert f"mean per {REWARD_BLOCK} steps" in lines[0]
     assert lines[2] == (
         "| uncorrected_s0 | 0.00, 1.00, 0.50 | 1.00 → 1.00 | 1.00, 1.00, 1.00 | "
-        "0.0e+00, 0.0e+00, 0.0e+00 |"
+        "0.0e+00, 0.0e+00, 0.0e+00 | – |"
     )
 
 
-def test_long_runs_show_the_drift_of_entropy_and_k3_block_by_block(tmp_path):
+def test_long_runs_show_the_drift_of_entropy_k3_and_masked_sequences_block_by_block(tmp_path):
     folder = tmp_path / "h8_bypass_noise_0.2_s0"
     folder.mkdir()
     steps = 2 * REWARD_BLOCK
@@ -67,13 +67,14 @@ def test_long_runs_show_the_drift_of_entropy_and_k3_block_by_block(tmp_path):
             "rollout/reward_mean": 0.1,
             "train/entropy": 1.0 if i < REWARD_BLOCK else 2.0,
             "mismatch/k3_kl": 3e-3 if i < REWARD_BLOCK else 5e-3,
+            "mismatch/correction/masked_seq_fraction": 0.5 if i < REWARD_BLOCK else 0.1,
         }
         for i in range(steps)
     ]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     lines = trajectories(load_runs(tmp_path)).splitlines()
-    assert "k3 KL (mean per" in lines[0] and lines[1].count("|---") == 5
-    assert lines[2].endswith("| 1.00, 2.00 | 3.0e-03, 5.0e-03 |")
+    assert "k3 KL (mean per" in lines[0] and lines[1].count("|---") == 6
+    assert lines[2].endswith("| 1.00, 2.00 | 3.0e-03, 5.0e-03 | 0.50, 0.10 |")
 
 
 def test_heldout_curves_list_every_evaluation_with_the_clean_sampler_beside(tmp_path):
