@@ -88,8 +88,8 @@ def grad_norm_spikes(rows: Rows) -> list[int]:
 def detectors(smooth: int, baseline: int) -> list[Detector]:
     found = [Detector("guard (as recorded)", alert_steps)]
     found.append(Detector("grad_norm_spike", grad_norm_spikes))
-    for label, threshold in (("1e-3", 1e-3), ("3e-3", 3e-3), ("1e-2", 1e-2)):
-        found.append(Detector(f"k3 > {label}", above(K3_KEY, threshold, smooth)))
+    for threshold in ("1e-3", "3e-3", "1e-2"):
+        found.append(Detector(f"k3 > {threshold}", above(K3_KEY, float(threshold), smooth)))
     for factor in (3.0, 10.0):
         found.append(
             Detector(f"k3 > {factor:g}x baseline", above_baseline(K3_KEY, factor, smooth, baseline))

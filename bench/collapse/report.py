@@ -44,6 +44,13 @@ ORDER = ("no_mismatch", "uncorrected", *CORRECTIONS)
 LOG_FLOOR = 1e-7
 HELDOUT = "eval/pass_at_1"
 CLEAN_HELDOUT = "eval_clean/pass_at_1"
+REJECTED = ("token", "turn", "seq")
+"""What a correction rejects, each logged as `masked_key(what)`."""
+
+
+def masked_key(what: str) -> str:
+    """The metric holding the fraction of `what` (one of `REJECTED`) a correction masked."""
+    return f"mismatch/correction/masked_{what}_fraction"
 
 
 @dataclass
@@ -118,8 +125,9 @@ def table(runs: list[Run]) -> str:
         k3 = _mean([_mean(list(values_by_step(r.rows, "mismatch/k3_kl").values())) for r in group])
         grad = max((max(values_by_step(r.rows, "train/grad_norm").values(), default=math.nan)
                     for r in group), default=math.nan)  # fmt: skip
-        masked_key = "mismatch/correction/masked_token_fraction"
-        masked = _mean([_mean(list(values_by_step(r.rows, masked_key).values())) for r in group])
+        masked = _mean(
+            [_mean(list(values_by_step(r.rows, masked_key("token")).values())) for r in group]
+        )
         before = _mean([v.heldout_before for v in verdicts if v.heldout_before is not None])
         after = _mean([v.heldout_after for v in verdicts if v.heldout_after is not None])
         clean = [values_by_step(r.rows, "eval_clean/pass_at_1") for r in group]
@@ -138,7 +146,6 @@ def table(runs: list[Run]) -> str:
 
 
 REWARD_BLOCK = 25
-MASKED_SEQ_KEY = "mismatch/correction/masked_seq_fraction"
 """Runs longer than this many steps show their rollout reward as block means of this size."""
 
 
@@ -176,7 +183,7 @@ def trajectories(runs: list[Run]) -> str:
         row = f"| {run.setting}_s{run.seed} | {reward_text} | {entropy_text} |"
         k3 = values_by_step(run.rows, "mismatch/k3_kl")
         if blocked:
-            masked = values_by_step(run.rows, MASKED_SEQ_KEY)
+            masked = values_by_step(run.rows, masked_key("seq"))
             masked_text = _block_means(masked, ".2f") if any(masked.values()) else "–"
             row += f" {_block_means(entropy, '.2f')} | {_block_means(k3, '.1e')} | {masked_text} |"
         else:
@@ -260,10 +267,6 @@ def heldout_curves(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
-REJECTED = ("token", "turn", "seq")
-"""What a correction rejects, per `mismatch/correction/masked_<what>_fraction`."""
-
-
 def task_scores(run: Run, step: int) -> list[float] | None:
     """Pass@1 per held-out task at `step` (clean sampler where the run has it); None when that
     evaluation's file is missing or has no per-task scores."""
@@ -345,7 +348,7 @@ def corrections_table(runs: list[Run]) -> str:
                 ),
                 ".2f",
             )
-            for key in (f"mismatch/correction/masked_{what}_fraction" for what in REJECTED)
+            for key in map(masked_key, REJECTED)
         )
         counts = ", ".join(
             f"{judged.count(o)} {o}"
@@ -480,7 +483,7 @@ def plot(runs: list[Run], out: Path) -> list[Path]:
         ("train/grad_norm", "gradient norm (pre-clip)", True, 1),
         ("mismatch/k3_kl", "mismatch k3 KL", True, 1),
         ("train/entropy", "trainer entropy (nats/token)", False, 1),
-        ("mismatch/correction/masked_token_fraction", "masked token fraction", False, 1),
+        (masked_key("token"), "masked token fraction", False, 1),
     )
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     for ax, (key, title, log, smooth) in zip(axes.flat, panels, strict=True):

@@ -183,20 +183,20 @@ def sft_long_suite() -> list[Setting]:
     """300-step runs of the trained lab model at horizon 4, uncorrected unless named: its
     largest real gap (raw logprobs at T 0.8) in both update modes; then, in bypass mode, a
     sequence mask against that gap, the other real causes (a bf16 sampler, weights synced every
-    4 steps) at T 1, and horizon 8; asynchronous staleness in both modes; the decoupled mode at
-    3x the learning rate."""
+    4 steps) at T 1, and horizon 8; asynchronous staleness in both modes; the decoupled mode, and
+    bypass mode's stale weights and bf16 sampler, at 3x the learning rate."""
     long_run = (*SFT_LONG_RUN, "correction_preset=none")
     raw = (*_temperature(0.8), "inject.raw_logprobs=true")
     h4, h8 = (*horizon_overrides(4), *long_run), (*horizon_overrides(8), *long_run)
-    settings = [
-        Setting(
-            f"h4_{mode}_raw_T0.8_300",
-            (*h4, *mode_overrides, *raw),
-            f"horizon 4, 300 steps, {mode}, raw logprobs at T 0.8, no correction",
-        )
-        for mode, mode_overrides in MAP_MODES
-    ]
-    return settings + [
+    return [
+        *(
+            Setting(
+                f"h4_{mode}_raw_T0.8_300",
+                (*h4, *mode_overrides, *raw),
+                f"horizon 4, 300 steps, {mode}, raw logprobs at T 0.8, no correction",
+            )
+            for mode, mode_overrides in MAP_MODES
+        ),
         Setting(
             "h4_bypass_raw_T0.8_geo_rs_300",
             (*h4, *BYPASS, *raw, "correction_preset=geo_rs"),
@@ -224,6 +224,17 @@ def sft_long_suite() -> list[Setting]:
             "h4_decoupled_raw_T0.8_lr3e-4_300",
             (*h4, *raw, "trainer.lr=3.0e-4"),
             "horizon 4, 300 steps, decoupled, raw logprobs at T 0.8, AdamW 3e-4, no correction",
+        ),
+        *(
+            Setting(
+                f"h4_bypass_{name}_lr3e-4_300",
+                (*h4, *BYPASS, cause, "trainer.lr=3.0e-4"),
+                f"horizon 4, 300 steps, bypass, {what}, AdamW 3e-4, no correction",
+            )
+            for name, cause, what in (
+                ("stale_4", "inject.sync_every=4", "weights synced every 4 steps"),
+                ("bf16_sampler", "inject.sampler_dtype=bfloat16", "bf16 sampler"),
+            )
         ),
         Setting(
             "h8_bypass_raw_T0.8_300",

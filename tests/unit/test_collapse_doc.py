@@ -21,7 +21,9 @@ SETTINGS_NOT_RESULTS = {"0.999", "1.001"}
 """The `geo_rs` band, quoted as a setting."""
 KEPT_OUTPUTS = (RESULTS / "sft_long" / "precision_drift.md",)
 """Commands' outputs kept as written: their inputs (every checkpoint of the long runs) are
-too large to keep, so they cannot be regenerated here; each file names its command."""
+too large to keep, so they cannot be regenerated here; bench/collapse/README.md gives the
+command that wrote each one."""
+README = ROOT / "bench" / "collapse" / "README.md"
 
 sys.path.insert(0, str(ROOT / "bench" / "collapse"))
 from report import load_runs, report_text  # noqa: E402
@@ -68,3 +70,12 @@ def test_the_detection_table_is_what_detection_py_writes_from_the_long_runs():
         "run: python bench/collapse/detection.py bench/collapse/results/sft_long, and paste "
         f"its table into docs/collapse.md section A3; missing rows: {missing}"
     )
+
+
+@pytest.mark.parametrize("kept", KEPT_OUTPUTS, ids=lambda path: path.name)
+def test_the_readme_gives_the_command_that_wrote_each_kept_output(kept):
+    lines = README.read_text().splitlines()
+    written = [i for i, line in enumerate(lines) if f"> {kept.relative_to(ROOT)}" in line]
+    assert written, f"bench/collapse/README.md gives no command writing {kept.relative_to(ROOT)}"
+    command = lines[written[0] - 1] + lines[written[0]]
+    assert kept.stem in command, f"the command writing {kept.name} is not {kept.stem}'s"
