@@ -8,7 +8,9 @@ condition holds; then
 - **warned**: a collapsed run with a firing in the `window` steps up to its collapse step
   (inclusive); the **lead** is the collapse step minus the first such firing;
 - **false alarm**: a firing more than `window` steps before the collapse, or anywhere in a
-  run that did not collapse (a warning no one could act on is counted as one).
+  run that did not collapse (a warning no one could act on is counted as one);
+- the warned count is also given over **persisting** collapses only (`verdict`: the drop
+  lasts to the run's end), leaving out dips after a gradient-norm spike that recovered.
 
     python bench/collapse/detection.py bench/collapse/results/sft_long [more result folders]
 
@@ -121,25 +123,32 @@ def judge(firing: list[int], collapse_step: int | None, window: int) -> Detectio
 
 def study(runs: list[Run], window: int, smooth: int, baseline: int) -> str:
     collapsed = [r for r in runs if r.verdict.collapsed]
-    where = ", ".join(f"{r.folder.name} at step {r.verdict.collapse_step}" for r in collapsed)
+    persisting = sum(r.verdict.persisting for r in collapsed)
+    where = ", ".join(
+        f"{r.folder.name} at step {r.verdict.collapse_step}"
+        + ("" if r.verdict.persisting else " (recovered)")
+        for r in collapsed
+    )
     lines = [
         f"{len(runs)} runs, {len(collapsed)} collapsed ({where or 'none'}); "
         f"window {window} steps, trailing mean over {smooth}, baseline the first {baseline} steps",
         "",
-        "| detector | collapsed runs warned | lead (steps) | runs with a false alarm | "
-        "false alarms in runs that never collapsed |",
-        "|---|---|---|---|---|",
+        "| detector | collapsed runs warned | persisting collapses warned | lead (steps) | "
+        "runs with a false alarm | false alarms in runs that never collapsed |",
+        "|---|---|---|---|---|---|",
     ]
     for detector in detectors(smooth, baseline):
         found = [
-            judge(detector.firing_steps(r.rows), r.verdict.collapse_step, window) for r in runs
+            (judge(detector.firing_steps(r.rows), r.verdict.collapse_step, window), r.verdict)
+            for r in runs
         ]
-        warned = [d for d in found if d.lead is not None]
-        leads = ", ".join(str(d.lead) for d in warned) or "–"
-        quiet = [d for d in found if d.collapse_step is None]
+        warned = [(d, v) for d, v in found if d.lead is not None]
+        leads = ", ".join(str(d.lead) for d, _ in warned) or "–"
+        quiet = [d for d, _ in found if d.collapse_step is None]
         lines.append(
-            f"| {detector.name} | {len(warned)}/{len(collapsed)} | {leads} | "
-            f"{sum(d.false_alarm for d in found)}/{len(runs)} | "
+            f"| {detector.name} | {len(warned)}/{len(collapsed)} | "
+            f"{sum(v.persisting for _, v in warned)}/{persisting} | {leads} | "
+            f"{sum(d.false_alarm for d, _ in found)}/{len(runs)} | "
             f"{sum(d.false_alarm for d in quiet)}/{len(quiet)} |"
         )
     return "\n".join(lines)

@@ -11,6 +11,9 @@ The collapse lab's definition (this folder; `report.py` applies it), on a run's
 - **collapse**: a reward drop that persists to the end of the run (the last trailing mean is
   still below the threshold), or a drop within ``follow_steps`` after a spike. The collapse
   step is the first step of the drop; ``spike_step`` is the spike before it, if any;
+- **persisting** collapse: one whose drop lasts to the end of the run. A drop after a spike
+  that recovers is a collapse but not a persisting one (declared after seeing one such dip,
+  before judging the runs that followed it);
 - **degradation** (weaker): the held-out accuracy at the end is below the one at the start.
 
 The guard's lead time is ``collapse_step - first_alert_step`` for the first alert at or
@@ -66,6 +69,8 @@ class CollapseVerdict:
     collapsed: bool
     collapse_step: int | None
     """First step of the reward drop that made it a collapse."""
+    persisting: bool
+    """A collapse whose drop lasts to the end of the run (False without a collapse)."""
     spike_steps: tuple[int, ...]
     """Every gradient-norm spike."""
     first_alert_step: int | None
@@ -99,13 +104,13 @@ def judge_run(
     trailing = [by_step[s] for s in steps]
     spikes = spike_steps(values_by_step(rows, GRAD_NORM_KEY), c)
 
-    collapse_step, best = None, -math.inf
+    collapse_step, persisting, best = None, False, -math.inf
     for i, value in enumerate(trailing):
         if best >= c.min_peak_reward and value < (1 - c.drop_fraction) * best:
             persists = trailing[-1] < (1 - c.drop_fraction) * best
             after_spike = any(0 <= steps[i] - s <= c.follow_steps for s in spikes)
             if persists or after_spike:
-                collapse_step = steps[i]
+                collapse_step, persisting = steps[i], persists
                 break
         best = max(best, value)
 
@@ -116,6 +121,7 @@ def judge_run(
     return CollapseVerdict(
         collapsed=collapse_step is not None,
         collapse_step=collapse_step,
+        persisting=persisting,
         spike_steps=tuple(spikes),
         first_alert_step=alerts[0] if alerts else None,
         degraded=first_eval is not None and last_eval is not None and last_eval < first_eval,

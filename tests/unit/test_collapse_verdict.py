@@ -54,6 +54,13 @@ def test_transient_dip_right_after_a_spike_is_a_collapse() -> None:
     grads = [1, 1, 1, 1, 50, 1, 1, 1, 1, 1]
     verdict = judge_run(rows(rewards, grads))
     assert verdict.collapsed and verdict.spike_steps == (5,)
+    assert not verdict.persisting  # the reward came back
+
+
+def test_a_drop_that_lasts_to_the_end_is_a_persisting_collapse() -> None:
+    verdict = judge_run(rows([0.6, 0.6, 0.6, 0.6, 0.0, 0.0, 0.0, 0.0]))
+    assert verdict.collapsed and verdict.persisting
+    assert not judge_run(rows([0.6, 0.6, 0.6, 0.7])).persisting
 
 
 def test_a_run_that_never_learned_cannot_collapse() -> None:
