@@ -12,12 +12,19 @@ sampled in a synchronous run); the last checkpoint, with no later steps, takes N
 the text they wrote.
 
     python bench/precision_drift.py runs/sft-long/RUN [more runs] --window 25
+
+`--steps` scores only the named checkpoints. `--pack DIR` scores nothing: it copies what
+scoring the named checkpoints needs (each run's config, those models, the episodes near
+them) into DIR, small enough to travel to a GPU machine and be scored there with
+`--device cuda`, on the same episodes.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
+import shutil
 from pathlib import Path
 
 import mfu
@@ -42,12 +49,50 @@ def checkpoints(run: Path) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def near(saved: list[SavedTrajectory], step: int, window: int) -> tuple[list, str]:
-    """The episodes its weights sampled after `step`, else the `window` steps up to it."""
-    last = max(s.step for s in saved)
+def scored_steps(last: int, step: int, window: int) -> tuple[int, int]:
+    """First and last step of the episodes checkpoint `step` is scored on: those its weights
+    sampled next, or, for a checkpoint at the `last` step, the `window` steps up to it."""
     lo, hi = (step + 1, step + window) if step < last else (step - window + 1, step)
-    picked = [s.trajectory for s in saved if lo <= s.step <= hi]
-    return picked, f"{lo}-{min(hi, last)}"
+    return lo, min(hi, last)
+
+
+def near(saved: list[SavedTrajectory], step: int, window: int) -> tuple[list, str]:
+    """The episodes checkpoint `step` is scored on, and their steps as text."""
+    lo, hi = scored_steps(max(s.step for s in saved), step, window)
+    return [s.trajectory for s in saved if lo <= s.step <= hi], f"{lo}-{hi}"
+
+
+def kept_episodes(run: Path) -> list[SavedTrajectory]:
+    saved = load_trajectories(run / "trajectories.jsonl")
+    if not saved:
+        raise SystemExit(f"{run} kept no episodes (run.save_trajectories was 0)")
+    return saved
+
+
+def pack(run: Path, steps: set[int], window: int, into: Path) -> Path:
+    """Copy `run`'s config, the models of its checkpoints in `steps` and the episodes they
+    are scored on into `into / run.name`; scoring the copy gives the same rows."""
+    text = (run / "trajectories.jsonl").read_text(encoding="utf-8")
+    lines = [line for line in text.splitlines(keepends=True) if line.strip()]
+    line_steps = [json.loads(line)["step"] for line in lines]
+    if not line_steps:
+        raise SystemExit(f"{run} kept no episodes (run.save_trajectories was 0)")
+    chosen = [(step, model) for step, model in checkpoints(run) if step in steps]
+    if not chosen:
+        raise SystemExit(f"{run} has no checkpoint at steps {sorted(steps)}")
+    wanted = set()
+    for step, _ in chosen:
+        lo, hi = scored_steps(max(line_steps), step, window)
+        wanted |= set(range(lo, hi + 1))
+    out = into / run.name
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copy(run / "config.yaml", out / "config.yaml")
+    kept = [line for line, step in zip(lines, line_steps, strict=True) if step in wanted]
+    (out / "trajectories.jsonl").write_text("".join(kept), encoding="utf-8")
+    for step, model in chosen:
+        if step:
+            shutil.copytree(model, out / "checkpoints" / f"step_{step}" / "model")
+    return out
 
 
 def main() -> None:
@@ -55,23 +100,32 @@ def main() -> None:
     parser.add_argument("runs", type=Path, nargs="+", help="run folders with checkpoints/")
     parser.add_argument("--window", type=int, default=25, help="steps of episodes per point")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    parser.add_argument("--steps", help="comma-separated checkpoint steps (default: all)")
+    parser.add_argument("--pack", type=Path, help="copy the inputs into this folder instead")
     args = parser.parse_args()
+    steps = {int(s) for s in args.steps.split(",")} if args.steps else None
 
+    if args.pack:
+        for run in args.runs:
+            wanted = steps if steps is not None else {step for step, _ in checkpoints(run)}
+            print(pack(run, wanted, args.window, args.pack))
+        return
     device = mfu.pick_device(args.device)
     rows = []
     for run in args.runs:
-        saved = load_trajectories(run / "trajectories.jsonl")
-        if not saved:
-            raise SystemExit(f"{run} kept no episodes (run.save_trajectories was 0)")
+        saved = kept_episodes(run)
         for step, model in checkpoints(run):
-            episodes, steps = near(saved, step, args.window)
+            if steps is not None and step not in steps:
+                continue
+            episodes, scored_steps = near(saved, step, args.window)
             batch = TrainBatch.from_trajectories(episodes)
             reference = trainer_logprobs(model, device, batch)
             bf16 = plain_logprobs(model, device, batch, torch.bfloat16)
             _, *gap = gap_row("", reference, bf16, batch)
             tokens = str(int(batch.loss_mask.sum()))
-            rows.append([run.name, str(step), steps, str(len(episodes)), tokens, *gap])
-    print(f"device={device} torch={torch.__version__} window={args.window}")
+            rows.append([run.name, str(step), scored_steps, str(len(episodes)), tokens, *gap])
+    gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
+    print(f"device={device}{gpu} torch={torch.__version__} window={args.window}")
     mfu.print_table(
         ["run", "weights after step", "episodes of steps", "episodes", "model tokens",
          "bf16 k3", "mean abs Δℓ", "max abs Δℓ", "geo_rs rejects"],

@@ -1,11 +1,12 @@
-"""bench/precision_drift.py: which episodes score which checkpoint."""
+"""bench/precision_drift.py: which episodes score which checkpoint, and what a pack holds."""
 
+import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-from precision_drift import near  # noqa: E402
+from precision_drift import near, pack  # noqa: E402
 
 from tir_rl.report.run_log import SavedTrajectory  # noqa: E402
 
@@ -31,3 +32,37 @@ def test_the_last_checkpoint_looks_back_and_a_short_tail_is_named_as_short():
     assert steps == "276-300" and len(picked) == 50
     tail, steps = near(_saved(range(1, 206)), 200, window=25)
     assert steps == "201-205" and len(tail) == 10
+
+
+def _run_folder(root: Path, last_step: int, checkpoint_steps: list[int]) -> Path:
+    run = root / "h4_example_s0"
+    run.mkdir()
+    (run / "config.yaml").write_text("model: lab-sft\n")
+    # pack() reads only each line's step; the rest of an episode travels as written
+    lines = [json.dumps({"step": s, "episode": e}) for s in range(1, last_step + 1) for e in (0, 1)]
+    (run / "trajectories.jsonl").write_text("\n".join(lines) + "\n")
+    for step in checkpoint_steps:
+        model = run / "checkpoints" / f"step_{step}" / "model"
+        model.mkdir(parents=True)
+        (model / "config.json").write_text("{}")
+    return run
+
+
+def _packed_steps(packed: Path) -> list[int]:
+    lines = (packed / "trajectories.jsonl").read_text().splitlines()
+    return sorted({json.loads(line)["step"] for line in lines})
+
+
+def test_a_pack_holds_the_chosen_models_and_only_the_episodes_they_are_scored_on(tmp_path):
+    run = _run_folder(tmp_path, last_step=300, checkpoint_steps=[50, 100, 300])
+    packed = pack(run, {0, 100, 300}, window=25, into=tmp_path / "pack")
+    assert _packed_steps(packed) == [*range(1, 26), *range(101, 126), *range(276, 301)]
+    models = sorted(p.parent.name for p in packed.glob("checkpoints/*/model"))
+    assert models == ["step_100", "step_300"]  # step 0 is the run's own model, not copied
+    assert (packed / "config.yaml").read_text() == "model: lab-sft\n"
+
+
+def test_a_packed_last_checkpoint_keeps_its_look_back_window(tmp_path):
+    run = _run_folder(tmp_path, last_step=205, checkpoint_steps=[200, 205])
+    packed = pack(run, {205}, window=25, into=tmp_path / "pack")
+    assert _packed_steps(packed) == list(range(181, 206))
