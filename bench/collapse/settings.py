@@ -184,7 +184,8 @@ def sft_long_suite() -> list[Setting]:
     largest real gap (raw logprobs at T 0.8) in both update modes; then, in bypass mode, a
     sequence mask against that gap, the other real causes (a bf16 sampler, weights synced every
     4 steps) at T 1, and horizon 8; asynchronous staleness in both modes; the decoupled mode, and
-    bypass mode's stale weights and bf16 sampler, at 3x the learning rate."""
+    bypass mode's stale weights and bf16 sampler, at 3x the learning rate; stale weights at
+    3x the learning rate in the decoupled mode too."""
     long_run = (*SFT_LONG_RUN, "correction_preset=none")
     raw = (*_temperature(0.8), "inject.raw_logprobs=true")
     h4, h8 = (*horizon_overrides(4), *long_run), (*horizon_overrides(8), *long_run)
@@ -235,6 +236,12 @@ def sft_long_suite() -> list[Setting]:
                 ("stale_4", "inject.sync_every=4", "weights synced every 4 steps"),
                 ("bf16_sampler", "inject.sampler_dtype=bfloat16", "bf16 sampler"),
             )
+        ),
+        Setting(
+            "h4_decoupled_stale_4_lr3e-4_300",
+            (*h4, "inject.sync_every=4", "trainer.lr=3.0e-4"),
+            "horizon 4, 300 steps, decoupled, weights synced every 4 steps, AdamW 3e-4, "
+            "no correction",
         ),
         Setting(
             "h8_bypass_raw_T0.8_300",
