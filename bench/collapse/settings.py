@@ -185,10 +185,15 @@ def sft_long_suite() -> list[Setting]:
     sequence mask against that gap, the other real causes (a bf16 sampler, weights synced every
     4 steps) at T 1, and horizon 8; asynchronous staleness in both modes; the decoupled mode, and
     bypass mode's stale weights and bf16 sampler, at 3x the learning rate; stale weights at
-    3x the learning rate in the decoupled mode too."""
+    3x the learning rate in the decoupled mode too, and 100-step runs of it with and without
+    the shipped correction."""
     long_run = (*SFT_LONG_RUN, "correction_preset=none")
     raw = (*_temperature(0.8), "inject.raw_logprobs=true")
     h4, h8 = (*horizon_overrides(4), *long_run), (*horizon_overrides(8), *long_run)
+    h4_100 = (
+        *horizon_overrides(4),
+        *(o.replace("run.steps=300", "run.steps=100") for o in SFT_LONG_RUN),
+    )
     return [
         *(
             Setting(
@@ -242,6 +247,20 @@ def sft_long_suite() -> list[Setting]:
             (*h4, "inject.sync_every=4", "trainer.lr=3.0e-4"),
             "horizon 4, 300 steps, decoupled, weights synced every 4 steps, AdamW 3e-4, "
             "no correction",
+        ),
+        *(
+            Setting(
+                f"h4_decoupled_stale_4_lr3e-4{suffix}_100",
+                (
+                    *h4_100,
+                    "inject.sync_every=4",
+                    "trainer.lr=3.0e-4",
+                    f"correction_preset={preset}",
+                ),
+                f"horizon 4, 100 steps, decoupled, weights synced every 4 steps, AdamW 3e-4, "
+                f"correction {preset}",
+            )
+            for suffix, preset in (("", "none"), ("_geo_rs_token_tis", "geo_rs_token_tis"))
         ),
         Setting(
             "h8_bypass_raw_T0.8_300",
