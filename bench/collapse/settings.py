@@ -170,13 +170,16 @@ def long_suite() -> list[Setting]:
 
 
 SFT_LONG_RUN: tuple[str, ...] = (
-    "run.steps=300",
     "run.eval_every=50",
     "run.plot_every=50",
     "run.checkpoint_every=50",
 )
-"""The trained lab model's long runs (`--lab-sft`): 300 steps of make train's 8 x 8, held-out
-every 50 steps."""
+"""The trained lab model's long runs (`--lab-sft`): make train's 8 x 8, held-out every 50
+steps; each setting adds its step count (`_steps`)."""
+
+
+def _steps(n: int) -> tuple[str, ...]:
+    return (f"run.steps={n}",)
 
 
 def sft_long_suite() -> list[Setting]:
@@ -185,15 +188,13 @@ def sft_long_suite() -> list[Setting]:
     sequence mask against that gap, the other real causes (a bf16 sampler, weights synced every
     4 steps) at T 1, and horizon 8; asynchronous staleness in both modes; the decoupled mode, and
     bypass mode's stale weights and bf16 sampler, at 3x the learning rate; stale weights at
-    3x the learning rate in the decoupled mode too, and 100-step runs of it with and without
-    the shipped correction."""
-    long_run = (*SFT_LONG_RUN, "correction_preset=none")
+    3x the learning rate in the decoupled mode too, and at the base rate; and 100-step runs of
+    it without correction, with the shipped one, and with each of that preset's two parts."""
+    long_run = (*SFT_LONG_RUN, *_steps(300), "correction_preset=none")
     raw = (*_temperature(0.8), "inject.raw_logprobs=true")
     h4, h8 = (*horizon_overrides(4), *long_run), (*horizon_overrides(8), *long_run)
-    h4_100 = (
-        *horizon_overrides(4),
-        *(o.replace("run.steps=300", "run.steps=100") for o in SFT_LONG_RUN),
-    )
+    h4_100 = (*horizon_overrides(4), *SFT_LONG_RUN, *_steps(100))
+    lag = "inject.sync_every=4"
     return [
         *(
             Setting(
@@ -244,23 +245,28 @@ def sft_long_suite() -> list[Setting]:
         ),
         Setting(
             "h4_decoupled_stale_4_lr3e-4_300",
-            (*h4, "inject.sync_every=4", "trainer.lr=3.0e-4"),
+            (*h4, lag, "trainer.lr=3.0e-4"),
             "horizon 4, 300 steps, decoupled, weights synced every 4 steps, AdamW 3e-4, "
             "no correction",
+        ),
+        Setting(
+            "h4_decoupled_stale_4_300",
+            (*h4, lag),
+            "horizon 4, 300 steps, decoupled, weights synced every 4 steps, no correction",
         ),
         *(
             Setting(
                 f"h4_decoupled_stale_4_lr3e-4{suffix}_100",
-                (
-                    *h4_100,
-                    "inject.sync_every=4",
-                    "trainer.lr=3.0e-4",
-                    f"correction_preset={preset}",
-                ),
+                (*h4_100, lag, "trainer.lr=3.0e-4", f"correction_preset={preset}"),
                 f"horizon 4, 100 steps, decoupled, weights synced every 4 steps, AdamW 3e-4, "
                 f"correction {preset}",
             )
-            for suffix, preset in (("", "none"), ("_geo_rs_token_tis", "geo_rs_token_tis"))
+            for suffix, preset in (
+                ("", "none"),
+                ("_geo_rs_token_tis", "geo_rs_token_tis"),
+                ("_geo_rs", "geo_rs"),
+                ("_token_tis", "token_tis"),
+            )
         ),
         Setting(
             "h8_bypass_raw_T0.8_300",

@@ -69,8 +69,12 @@ def test_map_setting_loads_on_the_trained_lab_models_config(setting) -> None:
     assert config.run.eval_clean_sampler == (config.inject.sampler_dtype is None)
     assert (config.correction.bypass != "off") == ("_bypass_" in setting.name), setting.name
     presets = [o.split("=", 1)[1] for o in chosen if o.startswith("correction_preset=")]
-    named = next((p for p in ("geo_rs_token_tis", "geo_rs") if f"_{p}_" in setting.name), "none")
+    named = next(
+        (p for p in ("geo_rs_token_tis", "geo_rs", "token_tis") if f"_{p}_" in setting.name), "none"
+    )
     assert presets[-1] == named, setting.name
+    if setting in suite("sft_long"):
+        assert config.run.steps == int(setting.name.rsplit("_", 1)[1]), setting.name
 
 
 def test_map_covers_both_update_modes_at_two_horizons_for_every_mismatch() -> None:
