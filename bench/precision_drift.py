@@ -62,10 +62,14 @@ def near(saved: list[SavedTrajectory], step: int, window: int) -> tuple[list, st
     return [s.trajectory for s in saved if lo <= s.step <= hi], f"{lo}-{hi}"
 
 
+def _refuse_empty(run: Path, kept: list) -> None:
+    if not kept:
+        raise SystemExit(f"{run} kept no episodes (run.save_trajectories was 0)")
+
+
 def kept_episodes(run: Path) -> list[SavedTrajectory]:
     saved = load_trajectories(run / "trajectories.jsonl")
-    if not saved:
-        raise SystemExit(f"{run} kept no episodes (run.save_trajectories was 0)")
+    _refuse_empty(run, saved)
     return saved
 
 
@@ -75,8 +79,7 @@ def pack(run: Path, steps: set[int], window: int, into: Path) -> Path:
     text = (run / "trajectories.jsonl").read_text(encoding="utf-8")
     lines = [line for line in text.splitlines(keepends=True) if line.strip()]
     line_steps = [json.loads(line)["step"] for line in lines]
-    if not line_steps:
-        raise SystemExit(f"{run} kept no episodes (run.save_trajectories was 0)")
+    _refuse_empty(run, line_steps)
     chosen = [(step, model) for step, model in checkpoints(run) if step in steps]
     if not chosen:
         raise SystemExit(f"{run} has no checkpoint at steps {sorted(steps)}")
@@ -117,13 +120,13 @@ def main() -> None:
         for step, model in checkpoints(run):
             if steps is not None and step not in steps:
                 continue
-            episodes, scored_steps = near(saved, step, args.window)
+            episodes, episode_steps = near(saved, step, args.window)
             batch = TrainBatch.from_trajectories(episodes)
             reference = trainer_logprobs(model, device, batch)
             bf16 = plain_logprobs(model, device, batch, torch.bfloat16)
             _, *gap = gap_row("", reference, bf16, batch)
             tokens = str(int(batch.loss_mask.sum()))
-            rows.append([run.name, str(step), scored_steps, str(len(episodes)), tokens, *gap])
+            rows.append([run.name, str(step), episode_steps, str(len(episodes)), tokens, *gap])
     gpu = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
     print(f"device={device}{gpu} torch={torch.__version__} window={args.window}")
     mfu.print_table(

@@ -4,9 +4,11 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-from precision_drift import near, pack  # noqa: E402
+from precision_drift import kept_episodes, near, pack  # noqa: E402
 
 from tir_rl.report.run_log import SavedTrajectory  # noqa: E402
 
@@ -66,3 +68,12 @@ def test_a_packed_last_checkpoint_keeps_its_look_back_window(tmp_path):
     run = _run_folder(tmp_path, last_step=205, checkpoint_steps=[200, 205])
     packed = pack(run, {205}, window=25, into=tmp_path / "pack")
     assert _packed_steps(packed) == list(range(181, 206))
+
+
+def test_a_run_that_kept_no_episodes_is_refused_by_scoring_and_by_packing(tmp_path):
+    run = _run_folder(tmp_path, last_step=0, checkpoint_steps=[0])
+    (run / "trajectories.jsonl").write_text("\n")
+    for read in (lambda: kept_episodes(run), lambda: pack(run, {0}, 25, tmp_path / "pack")):
+        with pytest.raises(SystemExit, match="kept no episodes .run.save_trajectories was 0"):
+            read()
+    assert not (tmp_path / "pack").exists()
