@@ -2,13 +2,13 @@
 
     python bench/collapse/report.py runs/collapse [--plots docs/collapse]
 
-Runs are the sub-folders `<setting>_s<seed>` holding a `metrics.jsonl`. Each run is judged
-with `verdict.judge_run` from this folder (collapse = gradient-norm spike and/or lasting
-reward drop; see `verdict.py`). Prints two markdown tables (also written to `report.md` in
-the runs folder): one row per setting, seeds pooled; one row per run with its reward at
-every step (block means for long runs) and its entropy first → last; and, when runs evaluated
-during training, one row per run with its held-out pass@1 at every evaluation. Writes PNG
-plots, one line per setting (mean over seeds, a band from the lowest to the highest seed).
+Runs are the sub-folders `<setting>_s<seed>` holding a `metrics.jsonl` (or the kept `.gz`). Each
+run is judged with `verdict.judge_run` from this folder (collapse = gradient-norm spike and/or
+lasting reward drop; see `verdict.py`). Prints two markdown tables (also written to `report.md`
+in the runs folder): one row per setting, seeds pooled; one row per run with its reward at every
+step (block means for long runs) and its entropy first → last; and, when runs evaluated during
+training, one row per run with its held-out pass@1 at every evaluation. Writes PNG plots, one
+line per setting (mean over seeds, a band from the lowest to the highest seed).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from tir_rl.report.eval_stats import (  # noqa: E402
     bootstrap_paired_change,
     bootstrap_seeds_and_tasks,
 )
-from tir_rl.report.run_log import read_metrics  # noqa: E402
+from tir_rl.report.run_log import metrics_file, read_metrics  # noqa: E402
 
 _RUN = re.compile(r"^(?P<setting>.+)_s(?P<seed>\d+)$")
 _TURN = re.compile(r"^mismatch/turn_(\d+)/k3_kl$")
@@ -67,8 +67,8 @@ def load_runs(root: Path) -> list[Run]:
     runs = []
     for folder in sorted(p for p in root.iterdir() if p.is_dir()):
         match = _RUN.match(folder.name)
-        metrics = folder / "metrics.jsonl"
-        if match is None or not metrics.is_file():
+        metrics = metrics_file(folder)
+        if match is None or metrics is None:
             continue
         rows = read_metrics(metrics)
         runs.append(Run(match["setting"], int(match["seed"]), rows, judge_run(rows), folder))
@@ -638,7 +638,7 @@ def main() -> None:
     args = parser.parse_args()
     runs = load_runs(args.root)
     if not runs:
-        raise SystemExit(f"no runs with metrics.jsonl under {args.root}")
+        raise SystemExit(f"no runs with metrics.jsonl(.gz) under {args.root}")
     text = report_text(runs)
     print(text)
     (args.root / "report.md").write_text(text + "\n")

@@ -301,9 +301,12 @@ def test_kept_records_give_the_same_report_as_the_run_folders(tmp_path):
     kept = keep(runs, tmp_path / "kept")
     assert [p.name for p in kept] == ["token_tis_s0"]
     assert sorted(p.name for p in kept[0].iterdir()) == [
-        "DONE", "eval_clean_step_0.json", "eval_clean_step_8.json", "metrics.jsonl",
+        "DONE", "eval_clean_step_0.json", "eval_clean_step_8.json", "metrics.jsonl.gz",
     ]  # fmt: skip
     assert corrections_table(load_runs(tmp_path / "kept")) == corrections_table(load_runs(runs))
+    first = (kept[0] / "metrics.jsonl.gz").read_bytes()
+    keep(runs, tmp_path / "kept")
+    assert (kept[0] / "metrics.jsonl.gz").read_bytes() == first  # a re-keep shows no diff
 
 
 def test_long_runs_get_the_early_mismatch_by_turn_and_tool_distance(tmp_path):

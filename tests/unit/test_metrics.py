@@ -1,3 +1,4 @@
+import gzip
 import json
 import math
 import sys
@@ -9,6 +10,7 @@ import torch
 
 from tir_rl.report.metrics_logger import MetricsLogger
 from tir_rl.report.run_log import (
+    KEPT_METRICS_FILE,
     METRICS_FILE,
     load_trajectories,
     read_metrics,
@@ -77,6 +79,18 @@ def test_read_metrics_skips_a_truncated_last_line(tmp_path):
         rows = read_metrics(path)
     assert [r["step"] for r in rows] == [0]
     assert read_metrics(tmp_path / "missing.jsonl") == []
+
+
+def test_a_gzipped_kept_copy_reads_as_the_file_it_was_made_from(tmp_path):
+    with make_logger(tmp_path) as logger:
+        for step in range(3):
+            logger.log(step, {"train/loss": 0.5 * step})
+    run = tmp_path / "run"
+    written = read_metrics(run)
+    (run / KEPT_METRICS_FILE).write_bytes(gzip.compress((run / METRICS_FILE).read_bytes()))
+    (run / METRICS_FILE).unlink()
+    assert read_metrics(run) == read_metrics(run / KEPT_METRICS_FILE) == written
+    assert [r["train/loss"] for r in written] == [0.0, 0.5, 1.0]
 
 
 def test_resume_drops_rows_after_the_checkpoint_step(tmp_path):

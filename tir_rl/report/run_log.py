@@ -4,7 +4,8 @@ Layout of those files in a run folder::
 
     runs/NAME/
       metrics.jsonl          one JSON object per step: {"step": int, "time": float, "a/b": float}
-                             (written by the JSONL sink, `report/sinks.py`)
+                             (written by the JSONL sink, `report/sinks.py`; a kept copy may be
+                             gzipped as metrics.jsonl.gz, and reads the same)
       trajectories.jsonl     sample episodes, one `Trajectory.to_dict()` per line (the caller
                              picks the file; `save_trajectories` only appends)
 
@@ -14,6 +15,7 @@ diverging run must still leave a readable log. Nothing here raises on bad metric
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import warnings
@@ -25,21 +27,31 @@ from typing import Any
 from tir_rl.types import EpisodeTimings, Message, Role, RolloutStatus, ToolCall, Trajectory
 
 METRICS_FILE = "metrics.jsonl"
+KEPT_METRICS_FILE = f"{METRICS_FILE}.gz"
+
+
+def metrics_file(run_dir: Path) -> Path | None:
+    """The run's `metrics.jsonl`, or its gzipped kept copy when only that is there."""
+    for name in (METRICS_FILE, KEPT_METRICS_FILE):
+        if (run_dir / name).is_file():
+            return run_dir / name
+    return None
 
 
 def read_metrics(path: Path | str) -> list[dict[str, Any]]:
     """Rows of a `metrics.jsonl`, in file order; null values come back as NaN.
 
-    A malformed line (a run killed mid-write) is skipped with a warning; a missing file
-    gives an empty list.
+    `path` may also be its gzipped kept copy, or a run folder holding either. A malformed line
+    (a run killed mid-write) is skipped with a warning; a missing file gives an empty list.
     """
     path = Path(path)
     if path.is_dir():
-        path = path / METRICS_FILE
+        path = metrics_file(path) or path / METRICS_FILE
     if not path.exists():
         return []
     rows: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as f:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
