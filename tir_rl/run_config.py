@@ -81,6 +81,13 @@ class RunSection:
     is degenerate makes no update but still logs the mismatch metrics. Applies only when
     `loss.kl_coef` is 0: with a KL penalty every group stays, since the KL term gives
     degenerate groups (advantage 0) gradient towards the reference."""
+    placebo_drop: tuple[float, float] | None = None
+    """A control for the collapse lab, not a method: [p_failed, p_succeeded]. After the
+    advantages are computed, each failed episode (advantage < 0) leaves the update with
+    probability p_failed and each succeeded one (> 0) with p_succeeded, drawn at random from
+    `seed` and the step whatever the episode's mismatch: what a sequence mask rejecting those
+    shares would do if it did not look at the log-ratio. Counted in
+    `train/placebo_dropped_episodes`. null: off."""
     parity_tolerance: float = 1e-3
     """Largest sampler/trainer logprob gap allowed on the probe after each weight sync."""
     seed: int = 0
@@ -124,6 +131,12 @@ class RunSection:
         for name in ("eval_every", "checkpoint_every", "plot_every", "save_trajectories"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"run.{name} must be >= 0, got {getattr(self, name)}")
+        drop = self.placebo_drop
+        if drop is not None and not (len(drop) == 2 and all(0 <= p <= 1 for p in drop)):
+            raise ConfigError(
+                f"run.placebo_drop must be [p_failed, p_succeeded], two probabilities in "
+                f"[0, 1], or null for off; got {drop}"
+            )
 
 
 @dataclass(kw_only=True)

@@ -185,7 +185,7 @@ def _steps(n: int) -> tuple[str, ...]:
 def sft_long_suite() -> list[Setting]:
     """300-step runs of the trained lab model at horizon 4, uncorrected unless named: its
     largest real gap (raw logprobs at T 0.8) in both update modes; then, in bypass mode, a
-    sequence mask against that gap, the other real causes (a bf16 sampler, weights synced every
+    sequence mask against that gap and a placebo of it, the other real causes (a bf16 sampler, weights synced every
     4 steps) at T 1, and horizon 8; asynchronous staleness in both modes; the decoupled mode, and
     bypass mode's stale weights and bf16 sampler, at 3x the learning rate; stale weights at
     3x the learning rate in the decoupled mode too, and at the base rate; and 100-step runs of
@@ -208,6 +208,13 @@ def sft_long_suite() -> list[Setting]:
             "h4_bypass_raw_T0.8_geo_rs_300",
             (*h4, *BYPASS, *raw, "correction_preset=geo_rs"),
             "horizon 4, 300 steps, bypass, raw logprobs at T 0.8, geo_rs sequence mask",
+        ),
+        Setting(
+            "h4_bypass_raw_T0.8_placebo_0.7_0.2_300",
+            (*h4, *BYPASS, *raw, "run.placebo_drop=[0.7, 0.2]"),
+            "horizon 4, 300 steps, bypass, raw logprobs at T 0.8, no correction, a placebo "
+            "leaving 70% of the failed and 20% of the succeeded episodes out at random (about "
+            "what geo_rs rejected there, A2)",
         ),
         Setting(
             "h4_bypass_stale_4_300",

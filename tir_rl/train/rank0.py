@@ -23,7 +23,13 @@ from tir_rl.report.sequences import (
 from tir_rl.report.step_metrics import StepOutcome, episode_row, step_row
 from tir_rl.rollout.buffer import AdmissionSchedule, GroupBuffer, TakenStep
 from tir_rl.rollout.producer import RolloutProducer
-from tir_rl.train.update import StepPlan, StepWork, plan_step
+from tir_rl.train.update import (
+    PlaceboDrop,
+    StepPlan,
+    StepWork,
+    placebo_generator,
+    plan_step,
+)
 
 if TYPE_CHECKING:
     from tir_rl.engine.activity import ActivityReading, MeteredEngine
@@ -179,12 +185,20 @@ class Rank0Driver:
             drop_degenerate_groups=(
                 self.config.run.drop_degenerate_groups and self.config.loss.kl_coef == 0
             ),
+            placebo=self._placebo(step),
         )
         plan.row = {**row, **plan.row}
         if plan.batch is not None:
             lags = token_lags(plan.batch.policy_versions, trained_version)
             plan.row.update(staleness_metrics(lags, plan.batch.loss_mask, plan.batch.turn_ids))
         return plan, works
+
+    def _placebo(self, step: int) -> PlaceboDrop | None:
+        if self.config.run.placebo_drop is None:
+            return None
+        p_failed, p_succeeded = self.config.run.placebo_drop
+        generator = placebo_generator(self.config.run.seed, step)
+        return PlaceboDrop(p_failed, p_succeeded, generator)
 
     def _async_row(self, taken: TakenStep) -> dict[str, float]:
         _, _, buffered, dropped_total = self.buffer.snapshot()

@@ -52,8 +52,33 @@ class StepPlan:
     """[len(in_batch)] the batch's advantages; None when the step only scores it."""
 
 
+@dataclass(frozen=True)
+class PlaceboDrop:
+    """`run.placebo_drop`: leave failed and succeeded episodes out of the update at random."""
+
+    p_failed: float
+    p_succeeded: float
+    generator: torch.Generator
+    """The step's own draws (`placebo_generator`)."""
+
+    def keep(self, advantages: torch.Tensor) -> torch.Tensor:
+        """[n] bool: which of the episodes with these advantages stay in the update."""
+        p_drop = torch.where(advantages < 0, self.p_failed, 0.0)
+        p_drop = torch.where(advantages > 0, self.p_succeeded, p_drop)
+        return torch.rand(advantages.shape, generator=self.generator) >= p_drop
+
+
+def placebo_generator(seed: int, step: int) -> torch.Generator:
+    """A step's placebo draws: the same for the same seed and step, whatever ran before."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + step)
+
+
 def plan_step(
-    trajectories: list[Trajectory], *, world_size: int = 1, drop_degenerate_groups: bool = True
+    trajectories: list[Trajectory],
+    *,
+    world_size: int = 1,
+    drop_degenerate_groups: bool = True,
+    placebo: PlaceboDrop | None = None,
 ) -> tuple[StepPlan, list[StepWork]]:
     """Advantages, the batch and each rank's share of it, from one step's trajectories.
 
@@ -61,6 +86,8 @@ def plan_step(
     When there are fewer sequences than ranks, a rank without one gets a copy of the first
     sequence with an empty loss mask: it runs the passes FSDP2 needs and adds nothing to
     the loss or the token count (its per-rank metrics still enter the rank average).
+    A `placebo` leaves some trainable episodes out after the advantages are computed (their
+    group baselines stay as they were, as under a sequence mask).
     """
     from tir_rl.trainer.loss import group_advantages
 
@@ -76,8 +103,13 @@ def plan_step(
     trainable = sampled
     if drop_degenerate_groups:
         trainable = [i for i in sampled if not bool(adv.degenerate[i])]
+    row = {}
+    if placebo is not None:
+        kept = placebo.keep(adv.advantages[trainable]).tolist() if trainable else []
+        row["train/placebo_dropped_episodes"] = float(len(trainable) - sum(kept))
+        trainable = [i for i, keep in zip(trainable, kept, strict=True) if keep]
     in_batch = trainable or sampled
-    row = {"train/dropped_episodes": float(len(trajectories) - len(trainable))}
+    row["train/dropped_episodes"] = float(len(trajectories) - len(trainable))
     batch = TrainBatch.from_trajectories([trajectories[i] for i in in_batch]) if in_batch else None
     plan = StepPlan(trajectories, in_batch, batch, row, int(adv.num_degenerate_groups))
     if batch is None:
