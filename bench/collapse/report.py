@@ -35,7 +35,7 @@ from tir_rl.report.eval_stats import (  # noqa: E402
     bootstrap_paired_change,
     bootstrap_seeds_and_tasks,
 )
-from tir_rl.report.run_log import metrics_file, read_metrics  # noqa: E402
+from tir_rl.report.run_log import METRICS_FILE, read_metrics, run_file  # noqa: E402
 
 _RUN = re.compile(r"^(?P<setting>.+)_s(?P<seed>\d+)$")
 _TURN = re.compile(r"^mismatch/turn_(\d+)/k3_kl$")
@@ -67,7 +67,7 @@ def load_runs(root: Path) -> list[Run]:
     runs = []
     for folder in sorted(p for p in root.iterdir() if p.is_dir()):
         match = _RUN.match(folder.name)
-        metrics = metrics_file(folder)
+        metrics = run_file(folder, METRICS_FILE)
         if match is None or metrics is None:
             continue
         rows = read_metrics(metrics)

@@ -30,6 +30,7 @@ from report import Run, load_runs  # noqa: E402
 
 from tir_rl.config import load  # noqa: E402
 from tir_rl.mismatch import MismatchCorrection  # noqa: E402
+from tir_rl.report.run_log import run_file  # noqa: E402
 from tir_rl.report.sequences import SEQUENCES_FILE, SequenceRecord, read_sequences  # noqa: E402
 from tir_rl.run_config import RunConfig  # noqa: E402
 
@@ -46,13 +47,6 @@ class Side:
     outside_band: float
     rejected: float | None
     """Share the run's correction rejected; None when it rejects nothing by design."""
-
-
-def sequences_file(folder: Path) -> Path | None:
-    for name in (SEQUENCES_FILE, f"{SEQUENCES_FILE}.gz"):
-        if (folder / name).is_file():
-            return folder / name
-    return None
 
 
 def last_step_read(run: Run) -> int:
@@ -87,7 +81,7 @@ def _cells(found: Side | None) -> str:
 
 
 def study(runs: list[Run]) -> str:
-    read = [(run, sequences_file(run.folder)) for run in runs]
+    read = [(run, run_file(run.folder, SEQUENCES_FILE)) for run in runs]
     missing = [run.folder.name for run, path in read if path is None]
     lines = [
         f"{len(runs) - len(missing)} runs with per-sequence records"

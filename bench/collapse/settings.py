@@ -183,13 +183,14 @@ def _steps(n: int) -> tuple[str, ...]:
 
 
 def sft_long_suite() -> list[Setting]:
-    """300-step runs of the trained lab model at horizon 4, uncorrected unless named: its
-    largest real gap (raw logprobs at T 0.8) in both update modes; then, in bypass mode, a
-    sequence mask against that gap and a placebo of it, the other real causes (a bf16 sampler, weights synced every
-    4 steps) at T 1, and horizon 8; asynchronous staleness in both modes; the decoupled mode, and
-    bypass mode's stale weights and bf16 sampler, at 3x the learning rate; stale weights at
-    3x the learning rate in the decoupled mode too, and at the base rate; and 100-step runs of
-    it without correction, with the shipped one, and with each of that preset's two parts."""
+    """300-step runs of the trained lab model at horizon 4, uncorrected unless named: its largest
+    real gap (raw logprobs at T 0.8) in both update modes; then, in bypass mode, a sequence
+    mask against that gap and a placebo of it, the other real causes (a bf16 sampler,
+    weights synced every 4 steps) at T 1, and horizon 8; asynchronous staleness in both
+    modes; the decoupled mode, and bypass mode's stale weights and bf16 sampler, at 3x the
+    learning rate; stale weights at 3x the learning rate in the decoupled mode too, and at
+    the base rate; and 100-step runs of it without correction, with the shipped one, and
+    with each of that preset's two parts."""
     long_run = (*SFT_LONG_RUN, *_steps(300), "correction_preset=none")
     raw = (*_temperature(0.8), "inject.raw_logprobs=true")
     h4, h8 = (*horizon_overrides(4), *long_run), (*horizon_overrides(8), *long_run)

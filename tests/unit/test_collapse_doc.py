@@ -1,12 +1,15 @@
-"""docs/collapse.md quotes only what `report.py` regenerates from the kept records.
+"""docs/collapse.md quotes only what `report.py` (and the studies beside it) regenerate from
+the kept records.
 
 Each suite's kept `report.md` must be what `report.py` writes from the records beside it, and
 every result figure the page quotes to three decimals (held-out pass@1, paired changes,
-intervals) or in scientific notation (k3 KL) must appear in one of those regenerated reports
-or in a kept command output (`KEPT_OUTPUTS`).
+intervals) or in scientific notation (k3 KL, log-ratios) must appear in one of those
+regenerated reports, in `sequence_study.py`'s table, or in a kept command output
+(`KEPT_OUTPUTS`).
 Figures with fewer digits (0.19 → 0.03, step counts, minutes) are not checked.
 """
 
+import functools
 import re
 import sys
 from pathlib import Path
@@ -40,6 +43,13 @@ def _regenerated(suite: str) -> str:
     return report_text(load_runs(RESULTS / suite))
 
 
+@functools.cache
+def _sequence_table() -> str:
+    from sequence_study import study
+
+    return study(load_runs(RESULTS / "sft_long"))
+
+
 @pytest.mark.parametrize("suite", SUITES)
 def test_each_kept_report_is_what_report_py_writes_from_its_records(suite):
     committed = (RESULTS / suite / "report.md").read_text()
@@ -57,7 +67,7 @@ def _figures(text: str) -> set[str]:
 
 
 def test_every_figure_collapse_md_quotes_is_in_a_regenerated_report():
-    reports = "\n".join([*(_regenerated(suite) for suite in SUITES),
+    reports = "\n".join([*(_regenerated(suite) for suite in SUITES), _sequence_table(),
                          *(path.read_text() for path in KEPT_OUTPUTS)])  # fmt: skip
     reports = re.sub(r"e-0*(\d)", r"e-\1", reports)
     quoted = _figures(DOC.read_text()) - SETTINGS_NOT_RESULTS
@@ -66,16 +76,29 @@ def test_every_figure_collapse_md_quotes_is_in_a_regenerated_report():
     assert not missing, f"docs/collapse.md quotes figures no kept record gives: {missing}"
 
 
+def _missing_rows(table: str) -> tuple[int, list[str]]:
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    doc = DOC.read_text()
+    return len(rows), [row for row in rows if row not in doc]
+
+
 def test_the_detection_table_is_what_detection_py_writes_from_the_long_runs():
     from detection import study
 
-    table = study(load_runs(RESULTS / "sft_long"), window=25, smooth=5, baseline=25)
-    rows = [line for line in table.splitlines() if line.startswith("| ")]
-    doc = DOC.read_text()
-    missing = [row for row in rows if row not in doc]
-    assert len(rows) > 5 and not missing, (
+    count, missing = _missing_rows(
+        study(load_runs(RESULTS / "sft_long"), window=25, smooth=5, baseline=25)
+    )
+    assert count > 5 and not missing, (
         "run: python bench/collapse/detection.py bench/collapse/results/sft_long, and paste "
         f"its table into docs/collapse.md section A3; missing rows: {missing}"
+    )
+
+
+def test_the_sequence_table_is_what_sequence_study_py_writes_from_the_long_runs():
+    count, missing = _missing_rows(_sequence_table())
+    assert count > 20 and not missing, (
+        "run: python bench/collapse/sequence_study.py bench/collapse/results/sft_long, and "
+        f"paste its table into docs/collapse.md section A5; missing rows: {missing}"
     )
 
 

@@ -30,11 +30,11 @@ METRICS_FILE = "metrics.jsonl"
 KEPT_METRICS_FILE = f"{METRICS_FILE}.gz"
 
 
-def metrics_file(run_dir: Path) -> Path | None:
-    """The run's `metrics.jsonl`, or its gzipped kept copy when only that is there."""
-    for name in (METRICS_FILE, KEPT_METRICS_FILE):
-        if (run_dir / name).is_file():
-            return run_dir / name
+def run_file(run_dir: Path, name: str) -> Path | None:
+    """`run_dir / name`, or its gzipped kept copy `name.gz` when only that is there."""
+    for candidate in (name, f"{name}.gz"):
+        if (run_dir / candidate).is_file():
+            return run_dir / candidate
     return None
 
 
@@ -46,7 +46,7 @@ def read_metrics(path: Path | str) -> list[dict[str, Any]]:
     """
     path = Path(path)
     if path.is_dir():
-        path = metrics_file(path) or path / METRICS_FILE
+        path = run_file(path, METRICS_FILE) or path / METRICS_FILE
     if not path.exists():
         return []
     rows: list[dict[str, Any]] = []
