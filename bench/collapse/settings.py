@@ -189,8 +189,8 @@ def sft_long_suite() -> list[Setting]:
     weights synced every 4 steps) at T 1, and horizon 8; asynchronous staleness in both
     modes; the decoupled mode, and bypass mode's stale weights and bf16 sampler, at 3x the
     learning rate; stale weights at 3x the learning rate in the decoupled mode too, and at
-    the base rate; and 100-step runs of it without correction, with the shipped one, and
-    with each of that preset's two parts."""
+    the base rate; and 100-step runs of it without correction, with the shipped one, with
+    each of that preset's two parts, and with a placebo of its mask."""
     long_run = (*SFT_LONG_RUN, *_steps(300), "correction_preset=none")
     raw = (*_temperature(0.8), "inject.raw_logprobs=true")
     h4, h8 = (*horizon_overrides(4), *long_run), (*horizon_overrides(8), *long_run)
@@ -275,6 +275,19 @@ def sft_long_suite() -> list[Setting]:
                 ("_geo_rs", "geo_rs"),
                 ("_token_tis", "token_tis"),
             )
+        ),
+        Setting(
+            "h4_decoupled_stale_4_lr3e-4_placebo_0.55_0.2_100",
+            (
+                *h4_100,
+                lag,
+                "trainer.lr=3.0e-4",
+                "correction_preset=none",
+                "run.placebo_drop=[0.55, 0.2]",
+            ),
+            "horizon 4, 100 steps, decoupled, weights synced every 4 steps, AdamW 3e-4, no "
+            "correction, a placebo leaving 55% of the failed and 20% of the succeeded episodes "
+            "out at random (about what geo_rs rejected there, A5)",
         ),
         Setting(
             "h8_bypass_raw_T0.8_300",
