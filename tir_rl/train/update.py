@@ -103,7 +103,7 @@ def plan_step(
     trainable = sampled
     if drop_degenerate_groups:
         trainable = [i for i in sampled if not bool(adv.degenerate[i])]
-    row = {}
+    row: dict[str, float] = {}
     if placebo is not None:
         kept = placebo.keep(adv.advantages[trainable]).tolist() if trainable else []
         row["train/placebo_dropped_episodes"] = float(len(trainable) - sum(kept))
