@@ -44,13 +44,14 @@ def report() -> str:
     lines = [
         "| run | steps | rollout reward per step | held-out pass@1 before -> after | "
         "paired change [95%] | tool calls before -> after | sampler/trainer k3, min-max over "
-        "steps | wall s (cores) |",
-        "|---|---|---|---|---|---|---|---|",
+        "steps | trainer s per step | wall s (cores) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for folder in sorted(p for p in RECORDS.glob("*") if (p / "wall.json").is_file()):
         rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
         rewards = [r["rollout/reward_mean"] for r in rows if "rollout/reward_mean" in r]
         k3 = [r["mismatch/k3_kl"] for r in rows if "mismatch/k3_kl" in r]
+        train_s = [r["perf/train_s"] for r in rows if "perf/train_s" in r]
         evals = sorted(folder.glob("eval_step_*.json"), key=lambda p: int(p.stem.split("_")[-1]))
         first, last = (json.loads(p.read_text()) for p in (evals[0], evals[-1]))
         change = bootstrap_paired_change(first["task_pass_at_1"], last["task_pass_at_1"])
@@ -63,6 +64,7 @@ def report() -> str:
             f"{change.value:+.3f} [{change.low:+.3f}, {change.high:+.3f}] | "
             f"{first['mean_tool_calls']:.2f} -> {last['mean_tool_calls']:.2f} | "
             f"{min(k3):.1e}-{max(k3):.1e} | "
+            f"{sum(train_s) / len(train_s):.2f} | "
             f"{wall['wall_s']:.0f} ({cores}) |"
         )
     return "\n".join(lines)

@@ -24,7 +24,8 @@ import mfu
 import torch
 
 from tir_rl.trainer import Trainer
-from tir_rl.trainer.batch import Packing, TrainBatch, plan_micro_batches
+from tir_rl.trainer.batch import Packing, TrainBatch
+from tir_rl.trainer.packing import plan_micro_batches
 from tir_rl.types import Trajectory
 
 

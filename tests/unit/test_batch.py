@@ -2,7 +2,10 @@ import pytest
 import torch
 
 from tir_rl.errors import ConfigError
-from tir_rl.trainer.batch import Packing, TrainBatch, plan_micro_batches
+from tir_rl.trainer.batch import MicroBatch, Packing, TrainBatch
+from tir_rl.trainer.packing import plan_micro_batches
+from tir_rl.trainer.prefix_sharing import common_prefix_length
+from tir_rl.trainer.rows import sequence_tokens
 from tir_rl.types import Trajectory
 
 
@@ -53,14 +56,39 @@ def test_plan_covers_every_completion_token_once_with_its_predicting_position(
         assert mb.num_padded_tokens <= budget or len(mb.seq_indices) == 1
         seq = mb.seq_indices[mb.dest_seq]
         seen[seq, mb.dest_tok] += 1
-        # The target is the completion token; the logit that predicts it sits one column left.
         assert torch.equal(mb.targets, batch.completion_ids[seq, mb.dest_tok])
-        assert torch.equal(mb.input_ids[mb.row, mb.pred_pos + 1], mb.targets)
         # The predicting position is the token's own position in its sequence minus one.
         prompt_lens = torch.tensor([len(batch.prompt_ids[int(i)]) for i in seq])
         assert torch.equal(mb.position_ids[mb.row, mb.pred_pos], prompt_lens + mb.dest_tok - 1)
+        assert_each_token_sees_exactly_its_own_context(batch, mb)
     valid = torch.arange(12)[None] < batch.completion_lens[:, None]
     assert torch.equal(seen, valid.long())
+
+
+def attention_mask(mb: MicroBatch) -> torch.Tensor:
+    """[R, W, W] bool: what each query column attends, as the model will see it."""
+    if mb.prefix_layout is not None:
+        return mb.prefix_layout.dense_mask()[:, 0]
+    # No explicit mask: transformers derives a block-diagonal causal one from the positions.
+    segment = torch.cumsum(mb.position_ids == 0, dim=1)
+    width = mb.input_ids.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    return causal & (segment[:, :, None] == segment[:, None, :])
+
+
+def assert_each_token_sees_exactly_its_own_context(batch: TrainBatch, mb: MicroBatch) -> None:
+    """The keys visible from a token's predicting column are its sequence's earlier tokens,
+    in order, at their own positions: no more (another branch, another sequence), no less."""
+    mask = attention_mask(mb)
+    for k in range(len(mb.targets)):
+        i = int(mb.seq_indices[mb.dest_seq[k]])
+        tokens, p, _ = sequence_tokens(batch, i)
+        upto = p + int(mb.dest_tok[k])  # the predicting index is upto - 1
+        row, column = int(mb.row[k]), int(mb.pred_pos[k])
+        visible = mask[row, column]
+        assert torch.equal(mb.input_ids[row][visible], tokens[:upto])
+        assert torch.equal(mb.position_ids[row][visible], torch.arange(upto))
+        assert int(mb.targets[k]) == int(tokens[upto])
 
 
 def test_packed_rows_restart_positions_and_stay_within_the_longest_sequence():
@@ -99,3 +127,59 @@ def test_select_and_shard(batch):
     assert torch.equal(part.prompt_ids[1], batch.prompt_ids[3])
     with pytest.raises(ConfigError):
         batch.shard(0, 3)
+
+
+def group_batch(
+    prompt_len: int, completions: list[list[int]], *, group_id: int = 0
+) -> list[Trajectory]:
+    """One group: the same prompt, then each sample's completion."""
+    return [
+        Trajectory(
+            prompt_ids=list(range(100, 100 + prompt_len)),
+            completion_ids=c,
+            loss_mask=[1] * len(c),
+            sampler_logprobs=[-1.0] * len(c),
+            turn_ids=[0] * len(c),
+            group_id=group_id,
+        )
+        for c in completions
+    ]
+
+
+def test_shared_prefix_computes_a_groups_prompt_once():
+    group = group_batch(20, [[1, 2, 3, 4, 5], [1, 2, 7], [9, 8, 7, 6], [1, 2, 3, 4, 6]])
+    other = group_batch(6, [[4, 4], [5]], group_id=1)
+    batch = TrainBatch.from_trajectories(group + other)
+    shared = plan_micro_batches(batch, 1000, Packing.SHARED_PREFIX)
+    packed = plan_micro_batches(batch, 1000, Packing.PACKED)
+    # Group 0 shares its 20 prompt tokens (its samples part at the first completion token);
+    # group 1 its 6: 20 + (5 + 3 + 4 + 5) and 6 + (2 + 1) tokens instead of 4·20 + 17 + 2·6 + 3.
+    real = sum(int((mb.input_ids != 0).sum()) for mb in shared)
+    assert real == 20 + 17 + 6 + 3
+    assert sum(mb.num_padded_tokens for mb in packed) >= batch.num_tokens == 112
+    for mb in shared:
+        assert_each_token_sees_exactly_its_own_context(batch, mb)
+
+
+def test_samples_alike_past_the_prompt_share_those_tokens_too():
+    sequences = [torch.tensor(t) for t in ([5, 6, 7, 1, 2], [5, 6, 7, 1, 3], [5, 6, 7, 1])]
+    assert common_prefix_length(sequences) == 4
+    assert common_prefix_length(sequences[:1]) == 5  # a lone sequence is all prefix
+    assert common_prefix_length([torch.tensor([1, 2]), torch.tensor([3, 2])]) == 0
+    batch = TrainBatch.from_trajectories(group_batch(3, [[1, 2, 9], [1, 2, 8], [1, 2]]))
+    (mb,) = plan_micro_batches(batch, 1000, Packing.SHARED_PREFIX)
+    assert mb.input_ids.shape == (1, 5 + 1 + 1 + 0)
+    assert_each_token_sees_exactly_its_own_context(batch, mb)
+    # Tokens 0 and 1 of every sample and token 2's predicting column lie in the prefix.
+    assert mb.pred_pos.tolist() == [2, 3, 4, 2, 3, 4, 2, 3]
+
+
+def test_a_group_longer_than_the_budget_is_split_with_a_prefix_copy_each():
+    batch = TrainBatch.from_trajectories(group_batch(10, [[1] * 6, [2] * 5, [3] * 4, [4] * 3]))
+    plans = plan_micro_batches(batch, 20, Packing.SHARED_PREFIX)
+    assert all(mb.num_padded_tokens <= 20 for mb in plans)
+    covered = sorted(int(i) for mb in plans for i in mb.seq_indices)
+    assert covered == [0, 1, 2, 3]
+    assert len(plans) > 1
+    for mb in plans:
+        assert_each_token_sees_exactly_its_own_context(batch, mb)

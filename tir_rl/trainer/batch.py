@@ -1,20 +1,9 @@
-"""Training batches: trajectories as padded tensors, and their micro-batch packing plans.
+"""Training batches: trajectories as padded tensors, and the micro-batches a forward runs.
 
 A `TrainBatch` holds B trajectories. Its per-token tensors have shape [B, T] where T is the
-longest completion; positions past a completion's end are padding (mask 0).
-
-`plan_micro_batches` turns a batch into forward passes under a token budget:
-
-- `packed`: (nearly) padding-free. Several sequences share one row; `position_ids` restart
-  at 0 at each sequence start, and transformers (>= 4.46, checked on 5.19 with sdpa and
-  `use_cache=False`) derives a block-diagonal causal mask from them, so no token attends
-  across sequences. Rows hold at most the longest sequence's length (sdpa computes the
-  whole masked L_row² attention, so one 4096-token row would cost more than four 1024-token
-  rows) and are filled first-fit-decreasing; a pass stacks as many rows as fit the budget,
-  padding only the few tokens by which rows differ.
-- `bucketed`: sequences sorted by length, grouped into right-padded micro-batches whose
-  padded size fits the budget (padding only between similar lengths).
-- `padded`: the batch order, right-padded; the baseline for benchmarks.
+longest completion; positions past a completion's end are padding (mask 0). A `MicroBatch`
+is one forward pass over some of them, laid out by one of the `Packing` layouts
+(`tir_rl.trainer.packing` plans them).
 """
 
 from __future__ import annotations
@@ -26,15 +15,17 @@ from enum import StrEnum
 import torch
 
 from tir_rl.errors import ConfigError
+from tir_rl.trainer.prefix_layout import PrefixLayout
 from tir_rl.types import UNVERSIONED, Trajectory
 
 
 class Packing(StrEnum):
-    """How sequences are laid out in micro-batches."""
+    """How sequences are laid out in micro-batches (`tir_rl.trainer.packing` has each)."""
 
     PACKED = "packed"
     BUCKETED = "bucketed"
     PADDED = "padded"
+    SHARED_PREFIX = "shared_prefix"
 
 
 @dataclass
@@ -175,19 +166,25 @@ class MicroBatch:
     input_ids: torch.Tensor
     """[R, L] long."""
     position_ids: torch.Tensor
-    """[R, L] long; restarts at 0 at every sequence start."""
+    """[R, L] long; each token's position in its own sequence (restarts at 0 at every
+    sequence start)."""
     seq_indices: torch.Tensor
     """[b] long; which sequences of the TrainBatch this micro-batch covers."""
     row: torch.Tensor
     """[n] long; row of each completion token's predicting logit."""
     pred_pos: torch.Tensor
-    """[n] long; column of the logit that predicts the token (its own column minus 1)."""
+    """[n] long; column of the logit that predicts the token: the column of the token before
+    it in its sequence (its own column minus 1, except where a shared prefix ends)."""
     dest_seq: torch.Tensor
     """[n] long; index into `seq_indices` of the token's sequence."""
     dest_tok: torch.Tensor
     """[n] long; the token's index in its completion."""
     targets: torch.Tensor
     """[n] long; the completion token ids."""
+    prefix_layout: PrefixLayout | None = None
+    """Where each shared prefix and its branches lie (`Packing.SHARED_PREFIX`), for the
+    attention that computes a prefix once for all its branches; None: plain packed rows,
+    whose block-diagonal causal mask the model derives from `position_ids`."""
 
     @property
     def num_padded_tokens(self) -> int:
@@ -212,111 +209,3 @@ class MicroBatch:
             dest_tok=self.dest_tok[keep],
             targets=self.targets[keep],
         )
-
-
-def plan_micro_batches(
-    batch: TrainBatch, max_tokens: int, packing: Packing = Packing.PACKED
-) -> list[MicroBatch]:
-    """Split `batch` into micro-batches of at most `max_tokens` computed tokens each.
-
-    A sequence longer than `max_tokens` gets a micro-batch of its own.
-    """
-    if max_tokens <= 0:
-        raise ConfigError(f"micro_batch_tokens must be positive, got {max_tokens}.")
-    lens = batch.total_lens.tolist()
-    order = sorted(range(len(lens)), key=lambda i: -lens[i])
-    if packing is Packing.PACKED:
-        # Rows no longer than the longest sequence: attention costs L_row² per row (the
-        # block-diagonal mask does not skip work in sdpa), so a few short rows beat one long one.
-        row_cap = max(1, min(max_tokens, max(lens)))
-        rows = _first_fit_decreasing(order, lens, row_cap)
-        rows_per_pass = max(1, max_tokens // row_cap)
-        return [
-            _packed_micro_batch(batch, rows[k : k + rows_per_pass])
-            for k in range(0, len(rows), rows_per_pass)
-        ]
-    if packing is Packing.PADDED:
-        order = list(range(len(lens)))
-    groups: list[list[int]] = []
-    for i in order:
-        if groups and (len(groups[-1]) + 1) * max(lens[j] for j in [*groups[-1], i]) <= max_tokens:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return [_padded_micro_batch(batch, g) for g in groups]
-
-
-def _first_fit_decreasing(order: list[int], lens: list[int], capacity: int) -> list[list[int]]:
-    bins: list[list[int]] = []
-    free: list[int] = []
-    for i in order:
-        for k, room in enumerate(free):
-            if lens[i] <= room:
-                bins[k].append(i)
-                free[k] -= lens[i]
-                break
-        else:
-            bins.append([i])
-            free.append(capacity - lens[i])
-    return bins
-
-
-def _sequence_tokens(batch: TrainBatch, i: int) -> tuple[torch.Tensor, int, int]:
-    prompt = batch.prompt_ids[i]
-    n = int(batch.completion_lens[i])
-    return torch.cat([prompt, batch.completion_ids[i, :n]]), len(prompt), n
-
-
-def _packed_micro_batch(batch: TrainBatch, rows: list[list[int]]) -> MicroBatch:
-    width = max(int(batch.total_lens[row].sum()) for row in rows)
-    input_ids = torch.zeros(len(rows), width, dtype=torch.long)
-    # Padding at a row's end continues the last sequence's positions: nothing attends to it.
-    position_ids = torch.arange(width).expand(len(rows), width).clone()
-    group, gather = [], []
-    for r, row in enumerate(rows):
-        offset = 0
-        for i in row:
-            tokens, p, n = _sequence_tokens(batch, i)
-            input_ids[r, offset : offset + len(tokens)] = tokens
-            position_ids[r, offset:] = torch.arange(width - offset)
-            gather.append((r, offset + p - 1, len(group), n))
-            group.append(i)
-            offset += len(tokens)
-    return _finish(input_ids, position_ids, group, gather)
-
-
-def _padded_micro_batch(batch: TrainBatch, group: list[int]) -> MicroBatch:
-    seqs = [_sequence_tokens(batch, i) for i in group]
-    width = max(len(s[0]) for s in seqs)
-    input_ids = torch.zeros(len(group), width, dtype=torch.long)
-    gather = []
-    for r, (tokens, p, n) in enumerate(seqs):
-        input_ids[r, : len(tokens)] = tokens
-        gather.append((r, p - 1, r, n))
-    position_ids = torch.arange(width).expand(len(group), width).clone()
-    return _finish(input_ids, position_ids, group, gather)
-
-
-def _finish(
-    input_ids: torch.Tensor,
-    position_ids: torch.Tensor,
-    group: list[int],
-    gather: list[tuple[int, int, int, int]],
-) -> MicroBatch:
-    rows, preds, seqs, toks = [], [], [], []
-    for row, first_pred, local, n in gather:
-        rows.append(torch.full((n,), row, dtype=torch.long))
-        preds.append(first_pred + torch.arange(n))
-        seqs.append(torch.full((n,), local, dtype=torch.long))
-        toks.append(torch.arange(n))
-    row_t, pred_t = torch.cat(rows), torch.cat(preds)
-    return MicroBatch(
-        input_ids=input_ids,
-        position_ids=position_ids,
-        seq_indices=torch.tensor(group, dtype=torch.long),
-        row=row_t,
-        pred_pos=pred_t,
-        dest_seq=torch.cat(seqs),
-        dest_tok=torch.cat(toks),
-        targets=input_ids[row_t, pred_t + 1],
-    )

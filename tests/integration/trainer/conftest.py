@@ -26,8 +26,8 @@ def device(request) -> str:
 @pytest.fixture
 def make_trainer(tiny_model_path, device):
     def build(**overrides) -> Trainer:
-        defaults = {"lr": 1e-3, "device": device}
-        config = Trainer.Config(model=str(tiny_model_path), **{**defaults, **overrides})
+        defaults = {"model": str(tiny_model_path), "lr": 1e-3, "device": device}
+        config = Trainer.Config(**{**defaults, **overrides})
         return Trainer(config)
 
     return build

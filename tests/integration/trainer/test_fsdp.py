@@ -9,17 +9,28 @@ from pathlib import Path
 
 import pytest
 import torch
+from fsdp_worker import GROUPS
+from trainer_helpers import make_group_batch
 
 from tir_rl.distributed import free_port
+from tir_rl.trainer import Packing, Trainer
 
 WORKER = Path(__file__).with_name("fsdp_worker.py")
 
 
-def run_ranks(out: Path, world_size: int, model: Path, *, kl_coef: float = 0.0) -> dict:
+def run_ranks(
+    out: Path,
+    world_size: int,
+    model: Path,
+    *,
+    kl_coef: float = 0.0,
+    packing: Packing = Packing.PACKED,
+    batch: str = "plain",
+) -> dict:
     out.mkdir()
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    args = [str(out), "", str(world_size), str(port), str(model), str(kl_coef)]
+    args = [str(out), "", str(world_size), str(port), str(model), str(kl_coef), packing, batch]
     procs = [
         subprocess.Popen(
             [sys.executable, str(WORKER), *args[:1], str(r), *args[2:]],
@@ -83,3 +94,24 @@ def test_two_ranks_with_a_kl_penalty_give_one_ranks_update_and_keep_the_referenc
         assert run["reference_state"].keys() == initial.keys()
         for name, tensor in run["reference_state"].items():
             assert torch.equal(tensor, initial[name]), name
+
+
+def test_two_ranks_sharing_prefixes_give_one_unshared_ranks_update(tmp_path, tiny_model_path):
+    """Shared prefixes under FSDP2, with a group split across the ranks, change nothing."""
+    batch = make_group_batch(seed=1, groups=GROUPS)
+    trainer = Trainer(
+        Trainer.Config(model=str(tiny_model_path), lr=1e-3, micro_batch_tokens=24, device="cpu")
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the ranks run: the same float summation order
+    try:
+        one = trainer.train_step(batch, torch.linspace(-1.0, 1.0, batch.num_sequences))
+    finally:
+        torch.set_num_threads(threads)
+    two = run_ranks(
+        tmp_path / "ws2", 2, tiny_model_path, packing=Packing.SHARED_PREFIX, batch="groups"
+    )
+    assert abs(one.loss - two["loss"]) < 1e-6
+    assert abs(one.grad_norm - two["grad_norm"]) < 1e-4 * one.grad_norm
+    for name, p1 in trainer.rank0_full_state_dict().items():
+        assert torch.allclose(p1, two["state"][name], atol=1e-5, rtol=0), name

@@ -7,7 +7,8 @@ import torch
 from trainer_helpers import make_batch
 
 from tir_rl.mismatch import mismatch_metrics
-from tir_rl.trainer.batch import Packing, plan_micro_batches
+from tir_rl.trainer.batch import Packing
+from tir_rl.trainer.packing import plan_micro_batches
 
 
 def reference_logprobs(model, batch, temperature: float, *, shift: int = 1) -> torch.Tensor:
