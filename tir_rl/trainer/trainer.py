@@ -216,7 +216,7 @@ class Trainer:
         float32. float16 gets no loss scaling: prefer bfloat16."""
         packing: Packing = Packing.SHARED_PREFIX
         """`shared_prefix` (packed, with each group's common prefix, its G samples' prompt,
-        computed once for all of them by sdpa: the same logprobs, loss and gradient, 1.9-2.1x
+        computed once for all of them by sdpa: the same logprobs, loss and gradient, 1.9-2.4x
         faster updates measured in docs/performance.md; needs `attn_implementation: sdpa`),
         `packed` (padding-free rows, every sequence whole), `bucketed` (length-sorted
         padded micro-batches) or `padded` (batch order, for comparison). On the CPU with
