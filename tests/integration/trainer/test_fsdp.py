@@ -9,11 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from fsdp_worker import GROUPS
-from trainer_helpers import make_group_batch
 
 from tir_rl.distributed import free_port
-from tir_rl.trainer import Packing, Trainer
+from tir_rl.trainer import Packing
 
 WORKER = Path(__file__).with_name("fsdp_worker.py")
 
@@ -98,20 +96,12 @@ def test_two_ranks_with_a_kl_penalty_give_one_ranks_update_and_keep_the_referenc
 
 def test_two_ranks_sharing_prefixes_give_one_unshared_ranks_update(tmp_path, tiny_model_path):
     """Shared prefixes under FSDP2, with a group split across the ranks, change nothing."""
-    batch = make_group_batch(seed=1, groups=GROUPS)
-    trainer = Trainer(
-        Trainer.Config(model=str(tiny_model_path), lr=1e-3, micro_batch_tokens=24, device="cpu")
-    )
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the ranks run: the same float summation order
-    try:
-        one = trainer.train_step(batch, torch.linspace(-1.0, 1.0, batch.num_sequences))
-    finally:
-        torch.set_num_threads(threads)
+    one = run_ranks(tmp_path / "ws1", 1, tiny_model_path, packing=Packing.PACKED, batch="groups")
     two = run_ranks(
         tmp_path / "ws2", 2, tiny_model_path, packing=Packing.SHARED_PREFIX, batch="groups"
     )
-    assert abs(one.loss - two["loss"]) < 1e-6
-    assert abs(one.grad_norm - two["grad_norm"]) < 1e-4 * one.grad_norm
-    for name, p1 in trainer.rank0_full_state_dict().items():
+    assert abs(one["loss"] - two["loss"]) < 1e-6
+    assert abs(one["grad_norm"] - two["grad_norm"]) < 1e-4 * one["grad_norm"]
+    for name, p1 in one["state"].items():
+        # As above: Adam's first step moves a near-zero-gradient weight by up to ~lr.
         assert torch.allclose(p1, two["state"][name], atol=1e-5, rtol=0), name
