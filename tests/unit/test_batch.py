@@ -1,5 +1,6 @@
 import pytest
 import torch
+from group_trajectories import group_batch
 
 from tir_rl.errors import ConfigError
 from tir_rl.trainer.batch import MicroBatch, Packing, TrainBatch
@@ -127,23 +128,6 @@ def test_select_and_shard(batch):
     assert torch.equal(part.prompt_ids[1], batch.prompt_ids[3])
     with pytest.raises(ConfigError):
         batch.shard(0, 3)
-
-
-def group_batch(
-    prompt_len: int, completions: list[list[int]], *, group_id: int = 0
-) -> list[Trajectory]:
-    """One group: the same prompt, then each sample's completion."""
-    return [
-        Trajectory(
-            prompt_ids=list(range(100, 100 + prompt_len)),
-            completion_ids=c,
-            loss_mask=[1] * len(c),
-            sampler_logprobs=[-1.0] * len(c),
-            turn_ids=[0] * len(c),
-            group_id=group_id,
-        )
-        for c in completions
-    ]
 
 
 def test_shared_prefix_computes_a_groups_prompt_once():

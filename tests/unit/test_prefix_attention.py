@@ -4,36 +4,22 @@ from __future__ import annotations
 
 import pytest
 import torch
+from group_trajectories import group_batch
 from torch import nn
 from torch.nn import functional as F
 
 from tir_rl.trainer.batch import Packing, TrainBatch
 from tir_rl.trainer.packing import plan_micro_batches
 from tir_rl.trainer.prefix_attention import shared_prefix_attention
-from tir_rl.types import Trajectory
-
-
-def grouped(prompt_len: int, completions: list[list[int]], group_id: int) -> list[Trajectory]:
-    return [
-        Trajectory(
-            prompt_ids=list(range(100, 100 + prompt_len)),
-            completion_ids=c,
-            loss_mask=[1] * len(c),
-            sampler_logprobs=[-1.0] * len(c),
-            turn_ids=[0] * len(c),
-            group_id=group_id,
-        )
-        for c in completions
-    ]
 
 
 @pytest.mark.parametrize("budget", [12, 1000])
 @pytest.mark.parametrize("kv_heads", [4, 2])
 def test_shared_prefix_attention_equals_sdpa_over_the_dense_mask(budget, kv_heads):
     batch = TrainBatch.from_trajectories(
-        grouped(5, [[1, 2, 3], [1, 2], [4, 5, 6, 7], [1]], 0)
-        + grouped(3, [[8, 9], [8, 9]], 1)  # alike: one branch all prefix
-        + grouped(2, [[3, 3, 3, 3, 3]], 2)  # a lone sequence
+        group_batch(5, [[1, 2, 3], [1, 2], [4, 5, 6, 7], [1]], group_id=0)
+        + group_batch(3, [[8, 9], [8, 9]], group_id=1)  # alike: one branch all prefix
+        + group_batch(2, [[3, 3, 3, 3, 3]], group_id=2)  # a lone sequence
     )
     generator = torch.Generator().manual_seed(0)
     for mb in plan_micro_batches(batch, budget, Packing.SHARED_PREFIX):

@@ -469,14 +469,16 @@ class Trainer:
         column = torch.searchsorted(keep, mb.pred_pos)
         head = model.get_output_embeddings()
         # A shared-prefix layout reaches every attention layer (`prefix_attention`).
-        layout = {} if mb.prefix_layout is None else {"prefix_layout": mb.prefix_layout}
+        layout = (
+            {} if mb.prefix_layout is None else {"prefix_layout": mb.prefix_layout.to(self.device)}
+        )
         with self._autocast(), _score_only(head, mb.row.to(self.device), column.to(self.device)):
             output = model(
                 input_ids=mb.input_ids.to(self.device),
                 position_ids=mb.position_ids.to(self.device),
                 logits_to_keep=keep.to(self.device),
                 use_cache=False,
-                **{name: v.to(self.device) for name, v in layout.items()},
+                **layout,
             )
         logits = output.logits.squeeze(0)  # [n, V], one row per token, in the micro-batch's order
         token_logprobs, _, token_entropy = token_stats(
