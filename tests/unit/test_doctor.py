@@ -24,11 +24,19 @@ def test_the_quickstart_config_passes_every_static_check():
     assert set(verdicts(config).values()) == {Verdict.PASS}
 
 
-def test_the_lab_config_fails_no_static_check_and_only_warns_about_prefix_caching():
+def test_the_lab_config_with_its_float32_prefix_cache_passes_every_static_check():
     config = load(RunConfig, "configs/lab.yaml")
     found = verdicts(config, tied=False)
-    assert Verdict.FAIL not in found.values()
-    assert {check for check, v in found.items() if v is Verdict.WARN} == {"prefix caching"}
+    assert set(found.values()) == {Verdict.PASS}
+
+
+def test_the_prefix_cache_defaults_to_on_for_a_float32_sampler_only():
+    for dtype, on in (("float32", True), ("bfloat16", False)):
+        config = load(RunConfig, None, [f"engine.dtype={dtype}"])
+        finding = next(f for f in static_findings(config, tie_word_embeddings=True)
+                       if f.check == "prefix caching")  # fmt: skip
+        assert config.engine.prefix_caching is on
+        assert finding.verdict is Verdict.PASS and finding.detail.startswith("on" if on else "off")
 
 
 def test_each_known_source_of_mismatch_is_flagged_with_a_fix():

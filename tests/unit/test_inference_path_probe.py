@@ -18,8 +18,9 @@ PROMPT = list(range(10, 90))
 
 
 class FakePathEngine:
-    """Samples from (prompt, seed) alone; optionally shifts logprobs on a prefix-cache hit or
-    when other requests are in flight, or reseeds by batch."""
+    """Samples from (prompt, seed) alone; optionally shifts logprobs on a prefix-cache hit (a
+    prompt that extends an earlier one, read from the cache) or when other requests are in
+    flight, or reseeds by batch."""
 
     def __init__(self, *, cache_shift=0.0, batch_shift=0.0, batch_reseeds=False):
         self.cache_shift = cache_shift
@@ -37,9 +38,8 @@ class FakePathEngine:
         rng = random.Random(hash((prompt, seed)))
         ids = [rng.randrange(100) for _ in range(request.max_tokens)]
         logprobs = [-rng.random() for _ in ids]
-        shift = (self.cache_shift if prompt in self.seen else 0.0) + (
-            self.batch_shift if batched else 0.0
-        )
+        hit = request.read_prefix_cache and any(prompt[: len(p)] == p for p in self.seen)
+        shift = (self.cache_shift if hit else 0.0) + (self.batch_shift if batched else 0.0)
         self.seen.add(prompt)
         await asyncio.sleep(0)
         self.in_flight -= 1
@@ -94,3 +94,20 @@ def test_seeding_that_depends_on_the_batch_warns_even_with_equal_logprobs():
 def test_a_one_token_prompt_is_refused():
     with pytest.raises(ConfigError, match="at least 2 tokens"):
         asyncio.run(probe_inference_paths(FakePathEngine(), [5], temperature=1.0))
+
+
+class FakeServerEngine(FakePathEngine):
+    """A server: no per-request switch for the prefix cache (as `VLLMHttpEngine`)."""
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        if not request.read_prefix_cache:
+            raise ConfigError("read_prefix_cache=False: a vllm serve server has no switch")
+        return await super().generate(request)
+
+
+def test_a_server_gets_the_batch_check_and_a_cache_path_marked_not_measured():
+    report = probe(FakeServerEngine(cache_shift=0.01, batch_shift=0.02))
+    assert report.max_abs_diff_cached is None
+    assert report.max_abs_diff_batched == pytest.approx(0.02)
+    finding = _inference_path_finding(report, None)
+    assert "not measured" in finding.detail and "enable_prefix_caching" not in finding.fix

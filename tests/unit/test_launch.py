@@ -49,6 +49,20 @@ def test_servers_get_the_local_engine_flags_and_the_trainer_gets_the_pool(tmp_pa
     assert trainer.run == config.run and trainer.trainer == config.trainer
 
 
+def test_the_servers_get_the_kv_block_size_the_token_budget_and_the_dtypes_prefix_cache(tmp_path):
+    sized = _config(tmp_path, "engine.block_size=32", "engine.max_num_batched_tokens=4096")
+    flags = plan_local_launch(sized, servers=1, ports=[9001], weights_dir=tmp_path).servers[0]
+    assert flags.command[flags.command.index("--block-size") + 1] == "32"
+    assert flags.command[flags.command.index("--max-num-batched-tokens") + 1] == "4096"
+    for dtype, caching in (("float32", "--enable-prefix-caching"),
+                           ("bfloat16", "--no-enable-prefix-caching")):  # fmt: skip
+        sets = ["model=tiny", f"engine.dtype={dtype}", f"run.out_dir={tmp_path}"]
+        config = load(RunConfig, None, sets)
+        assert config.engine.enable_prefix_caching is None
+        server = plan_local_launch(config, servers=1, ports=[9001], weights_dir=tmp_path)
+        assert caching in server.servers[0].command
+
+
 def test_a_config_on_servers_someone_else_started_is_refused(tmp_path):
     config = _config(tmp_path)
     tree = trainer_config(config)

@@ -42,3 +42,15 @@ def test_the_make_train_rows_are_the_reports():
     assert len(rows) == 6  # both layouts, seeds 0-2
     for row in rows:
         assert row in DOC, row
+
+
+def test_the_agent_loop_rows_are_the_report():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from agent_loop import report
+    finally:
+        sys.path.pop(0)
+    rows = report().splitlines()[2:]
+    assert len(rows) == len(list((ROOT / "bench" / "agent_loop_records").glob("*.txt"))) >= 5
+    for row in rows:
+        assert row in DOC, row

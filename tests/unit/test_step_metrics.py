@@ -7,7 +7,7 @@ from tir_rl.mismatch.guard import Alert, GuardAction, GuardDecision
 from tir_rl.report.step_metrics import StepOutcome, episode_row, step_row
 from tir_rl.trainer import StepResult
 from tir_rl.trainer.batch import TrainBatch
-from tir_rl.types import RolloutStatus, Trajectory
+from tir_rl.types import EpisodeTimings, RolloutStatus, Trajectory
 
 
 def trajectory(reward: float, status=RolloutStatus.FINISHED, *, logprob=-0.5) -> Trajectory:
@@ -79,3 +79,15 @@ def test_step_row_of_a_scoring_pass_keeps_its_mismatch_metrics_and_guard_alerts(
 def test_step_row_without_any_batch_has_no_mismatch_columns():
     row = step_row(outcome())
     assert not any(key.startswith("mismatch/") for key in row)
+
+
+def test_prefix_cache_hit_is_the_cached_share_of_the_context_sent_when_the_engine_reports_it():
+    unreported = trajectory(1.0)
+    assert "rollout/prefix_cache_hit" not in episode_row([unreported], prefix="rollout")
+    hits = []
+    for sent, cached in ((100, 64), (300, 0)):
+        t = trajectory(1.0)
+        t.timings = EpisodeTimings(prompt_tokens=sent, cached_prompt_tokens=cached)
+        hits.append(t)
+    row = episode_row([*hits, unreported], prefix="rollout")
+    assert row["rollout/prefix_cache_hit"] == 64 / 400

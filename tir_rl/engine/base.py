@@ -64,6 +64,9 @@ class GenerateRequest:
     """Requests with the same key go to the same engine of a pool while it is up (an
     episode's turns extend one context, which that server's prefix cache holds); None: any
     engine. A single engine ignores it."""
+    read_prefix_cache: bool = True
+    """False: prefill the whole prompt even where the engine's prefix cache holds it (the
+    doctor compares the two paths). A server (`VLLMHttpEngine`) cannot and refuses it."""
 
     def validate(self) -> None:
         """Raise `ConfigError` if the request cannot be sampled."""
@@ -105,6 +108,9 @@ class GenerateResult:
     stop_sequence: tuple[int, ...] | None = None
     """The stop token id or stop token sequence that ended generation, if any."""
     num_prompt_tokens: int = 0
+    num_cached_prompt_tokens: int | None = None
+    """Prompt tokens the engine took from its prefix cache instead of computing them (whole
+    KV blocks only); None when the engine does not report it."""
 
     def __post_init__(self) -> None:
         assert len(self.token_ids) == len(self.logprobs), "one logprob per sampled token"

@@ -135,11 +135,18 @@ class InferencePathReport:
     num_tokens: int
     """Tokens compared (the shorter common prefix of the runs' samples; 0 when a path drew
     another first token)."""
-    max_abs_diff_cached: float
-    """Largest |first − repeat| where the repeat finds the prompt in the prefix cache (when
-    caching is on; with it off both runs compute the prompt afresh)."""
+    max_abs_diff_cached: float | None
+    """Largest |cached − fresh| over a second turn's sampled tokens, where the cached run
+    reads the first turn's KV blocks (computed by its prefill and decode) from the prefix
+    cache and the fresh run prefills the whole context. None: the engine cannot skip its
+    cache per request (a server)."""
+    num_cached_prompt_tokens: int | None
+    """Context tokens of the cached run that came from the prefix cache (None: not reported).
+    0 with caching on means the context was shorter than one KV block: nothing was compared."""
+    num_context_tokens: int
+    """Tokens of the second turn's context."""
     max_abs_diff_batched: float
-    """Largest |repeat − batched| where the same request (prompt cached in both) runs beside
+    """Largest |alone − batched| where the same request (context cached in both) runs beside
     `num_neighbours` others."""
     tokens_diverged: bool
     """Whether a path sampled other tokens than the first run (its logprobs differed enough to
@@ -155,36 +162,48 @@ async def probe_inference_paths(
     max_tokens: int = 24,
     num_neighbours: int = 3,
 ) -> InferencePathReport:
-    """Sample one seeded continuation alone, again (prefix cache warm), and inside a batch.
+    """Sample a second turn from the prefix cache and afresh, alone and inside a batch.
 
-    The trainer scores a sequence one way whatever the engine did; if the engine's logprob of
-    the same token depends on whether its prompt came from the prefix cache or on what else was
-    scheduled beside it, that dependence is part of the sampler/trainer gap and varies from
-    request to request. On an exact engine all three runs report the same logprobs.
+    A multi-turn episode's turns re-send the context; with the prefix cache on, the engine
+    reuses the KV blocks an earlier turn computed (its prompt's prefill and its decode steps,
+    in other batches). The trainer scores a sequence one way whatever the engine did; if the
+    engine's logprob of a token depends on whether its context came from the cache, or on
+    what else was scheduled beside it, that dependence is part of the sampler/trainer gap.
+    On an exact engine every path reports the same logprobs.
 
     Args:
         engine: the sampling engine.
-        prompt_ids: the prompt to continue: one the engine has not seen yet (else the first
-            run already hits the prefix cache) and longer than a few KV blocks (only full
-            blocks are cached).
+        prompt_ids: the first turn's prompt: one the engine has not seen yet (else it hits
+            the prefix cache already) and longer than a KV block or two (only full blocks
+            are cached).
         temperature: the run's sampling temperature.
-        max_tokens: tokens per continuation.
-        num_neighbours: other requests (other prompts: the probe prompt shifted by one token
+        max_tokens: tokens per turn.
+        num_neighbours: other requests (other prompts: the context shifted by one token
             each) scheduled together with the batched run.
     """
     if len(prompt_ids) < 2:
         raise ConfigError("the inference-path probe needs a prompt of at least 2 tokens")
 
-    def request(ids: Sequence[int], seed: int) -> GenerateRequest:
+    def request(ids: Sequence[int], seed: int, *, read_cache: bool = True) -> GenerateRequest:
         return GenerateRequest(
-            prompt_token_ids=list(ids), max_tokens=max_tokens, temperature=temperature, seed=seed
+            prompt_token_ids=list(ids),
+            max_tokens=max_tokens,
+            temperature=temperature,
+            seed=seed,
+            read_prefix_cache=read_cache,
         )
 
     first = await engine.generate(request(prompt_ids, 0))
-    repeat = await engine.generate(request(prompt_ids, 0))
-    neighbours = [request(prompt_ids[i + 1 :], 100 + i) for i in range(num_neighbours)]
+    # the second turn: the first one's context, then a few tokens as a tool result appends
+    context = [*prompt_ids, *first.token_ids, *prompt_ids[: max(1, len(prompt_ids) // 4)]]
+    cached = await engine.generate(request(context, 1))
+    try:
+        fresh: GenerateResult | None = await engine.generate(request(context, 1, read_cache=False))
+    except ConfigError:  # a server: no per-request switch
+        fresh = None
+    neighbours = [request(context[i + 1 :], 100 + i) for i in range(num_neighbours)]
     batched, *_ = await asyncio.gather(
-        engine.generate(request(prompt_ids, 0)), *(engine.generate(n) for n in neighbours)
+        engine.generate(request(context, 1)), *(engine.generate(n) for n in neighbours)
     )
 
     def gap(one: GenerateResult, other: GenerateResult) -> tuple[float, int, bool]:
@@ -198,11 +217,16 @@ async def probe_inference_paths(
         diverged = same < max(len(one.token_ids), len(other.token_ids))
         return max((abs(a - b) for a, b in common), default=0.0), same, diverged
 
-    cached, n_cached, div_cached = gap(first, repeat)
-    batch, n_batched, div_batched = gap(repeat, batched)  # both warm: only the batch differs
+    batch, n_batched, div_batched = gap(cached, batched)  # both warm: only the batch differs
+    if fresh is None:
+        from_cache, n_cached, div_cached = None, n_batched, False
+    else:
+        from_cache, n_cached, div_cached = gap(fresh, cached)
     return InferencePathReport(
         num_tokens=min(n_cached, n_batched),
-        max_abs_diff_cached=cached,
+        max_abs_diff_cached=from_cache,
+        num_cached_prompt_tokens=cached.num_cached_prompt_tokens,
+        num_context_tokens=len(context),
         max_abs_diff_batched=batch,
         tokens_diverged=div_cached or div_batched,
         num_neighbours=num_neighbours,

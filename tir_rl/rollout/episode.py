@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from tir_rl.engine.base import FinishReason, GenerateRequest
+from tir_rl.engine.base import FinishReason, GenerateRequest, GenerateResult
 from tir_rl.envs.agent_env import AgentEnv
 from tir_rl.envs.episode import ResetInfo, StepInfo
 from tir_rl.errors import ConfigError, EnvironmentSpecError, SandboxError
@@ -340,6 +340,7 @@ class Episode:
             )
         if not result.token_ids:
             return _Ending(RolloutStatus.ERROR_ENGINE, f"turn {turn}: the engine sampled nothing")
+        self._count_prefill(result)
         conv.append_sampled(result.token_ids, result.logprobs, result.policy_versions)
         if result.finish_reason == FinishReason.LENGTH:
             if (
@@ -350,6 +351,14 @@ class Episode:
             if c.end_on_truncated_turn:
                 return _Ending(RolloutStatus.TRUNCATED_TURN_LENGTH)
         return None
+
+    def _count_prefill(self, result: GenerateResult) -> None:
+        timings = self.timings
+        timings.prompt_tokens += result.num_prompt_tokens
+        if result.num_cached_prompt_tokens is not None:
+            timings.cached_prompt_tokens = (
+                timings.cached_prompt_tokens or 0
+            ) + result.num_cached_prompt_tokens
 
     async def _step_env(
         self, conv: Conversation, label: str

@@ -126,6 +126,26 @@ def test_non_contiguous_stop_sequence_does_not_stop(engine):
     assert result.finish_reason == reference.finish_reason
 
 
+def test_a_second_turn_reads_the_first_turns_blocks_from_the_prefix_cache(engine):
+    assert engine.kv_block_size == 32  # the CPU default with the prefix cache on
+    context = [*PROMPT, 11, 12, 13] * 8  # 88 tokens: two whole blocks
+    first = run(engine.generate(request(prompt_token_ids=context, max_tokens=24, seed=3)))
+    assert first.num_prompt_tokens == 88 and first.num_cached_prompt_tokens == 0
+    turn = [*context, *first.token_ids, *PROMPT]
+    cached = run(engine.generate(request(prompt_token_ids=turn, seed=4)))
+    fresh = run(engine.generate(request(prompt_token_ids=turn, seed=4, read_prefix_cache=False)))
+    whole_blocks = (len(context) + len(first.token_ids) - 1) // 32 * 32
+    assert cached.num_cached_prompt_tokens >= whole_blocks >= 64
+    assert fresh.num_cached_prompt_tokens == 0
+    assert fresh.token_ids == cached.token_ids  # float32: the cache changes nothing
+
+
+def test_a_block_size_the_cpu_attention_cannot_take_is_refused_before_start(tiny_model_path):
+    config = VLLMLocalEngine.Config(model_path=str(tiny_model_path), block_size=16)
+    with pytest.raises(ConfigError, match="multiples of 32"):
+        VLLMLocalEngine(config)
+
+
 def test_top_p_is_refused_unless_allowed(engine):
     with pytest.raises(ConfigError, match="allow_truncated_sampling"):
         run(engine.generate(request(top_p=0.9)))
