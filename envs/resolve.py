@@ -6,7 +6,8 @@ Three forms are accepted (the first two are Gymnasium's own)::
     my_module:My-v0             import `my_module` (which registers `My-v0`), then make it
     my_module:MyEnv             import `my_module`, then build its `gymnasium.Env` class MyEnv
 
-The module is imported when the id is resolved, not when `tir_rl.envs` is imported. Each
+The module is imported when the id is resolved, not when `tir_rl.envs` is imported, from
+`sys.path` or else the current folder (where `python -m` would find it). Each
 failure is a `ConfigError` that says which part is wrong: the module cannot be found, its
 import raised, or it neither registers nor defines the name (with the nearest names).
 """
@@ -15,8 +16,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import pkgutil
+import sys
 from collections.abc import Callable
+from importlib.machinery import PathFinder
 from typing import Any
 
 import gymnasium
@@ -74,9 +78,28 @@ def _registered(env_id: str) -> EnvMaker:
     return make
 
 
-def _import(module_name: str, env_id: str) -> Any:
+def _import_here_or_on_path(module_name: str) -> Any:
+    """Import `module_name` from `sys.path`, else from the current folder.
+
+    `python -m ...` puts the current folder on `sys.path`; an installed console script such
+    as `tir-rl` does not (its own folder comes first). An id names a module the user keeps
+    beside them, so the current folder is looked in too, after everything installed.
+    """
     try:
         return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        here = os.getcwd()
+        top = module_name.split(".")[0]
+        on_path = here in sys.path or "" in sys.path
+        if exc.name != top or on_path or PathFinder.find_spec(top, [here]) is None:
+            raise
+    sys.path.append(here)
+    return importlib.import_module(module_name)
+
+
+def _import(module_name: str, env_id: str) -> Any:
+    try:
+        return _import_here_or_on_path(module_name)
     except ModuleNotFoundError as exc:
         missing = exc.name or ""
         if module_name == missing or module_name.startswith(missing + "."):

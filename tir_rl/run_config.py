@@ -320,7 +320,9 @@ def configuration_reference() -> str:
         "Generated from the config dataclasses by `python -m tir_rl.run_config`; do not edit.",
         "Every key can be set in the YAML file or with `--set section.key=value`; an unknown",
         "key is an error that names the nearest valid one. `correction_preset` names a recipe",
-        "(see docs/mismatch.md) whose fields the `correction` section can override.",
+        "(see docs/mismatch.md) whose fields the `correction` section can override. A mapping",
+        "given with `--set` merges into the file's (`--set env.kwargs={horizon: 4}` keeps its",
+        "other options); an empty one clears it (`--set env.kwargs={}`).",
         "",
     ]
     return reference(RunConfig, header=header)

@@ -30,6 +30,7 @@ class Root:
     tags: list[str] = field(default_factory=list)
     cap: float | None = None
     inner: Inner = field(default_factory=Inner)
+    options: dict[str, int] = field(default_factory=dict)
 
 
 def test_yaml_and_overrides_build_the_typed_tree(tmp_path):
@@ -39,6 +40,14 @@ def test_yaml_and_overrides_build_the_typed_tree(tmp_path):
     assert cfg == Root(
         name="x", kind="b", tags=["p", "q"], cap=2.5, inner=Inner(lr=1e-5, steps=3, mode=Mode.FAST)
     )
+
+
+def test_a_mapping_override_merges_into_the_files_and_an_empty_one_clears_it(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("options: {a: 1, b: 2}\n")
+    assert config.load(Root, path, ["options={b: 3}"]).options == {"a": 1, "b": 3}
+    assert config.load(Root, path, ["options.c=4"]).options == {"a": 1, "b": 2, "c": 4}
+    assert config.load(Root, path, ["options={}"]).options == {}
 
 
 def test_unknown_key_names_the_nearest_valid_key():

@@ -81,19 +81,31 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
     return nested
 
 
-def merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    """Deep-merge `update` into a copy of `base`."""
+def merge(
+    base: Mapping[str, Any], update: Mapping[str, Any], *, empty_clears: bool = False
+) -> dict[str, Any]:
+    """Deep-merge `update` into a copy of `base`.
+
+    With `empty_clears`, an empty mapping in `update` replaces the mapping under its key
+    instead of merging into it (which would change nothing): how `--set env.kwargs={}`
+    drops every option the config file gave.
+    """
     out = dict(base)
     for key, value in update.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = merge(out[key], value)
+        merges = isinstance(value, Mapping) and (value or not empty_clears)
+        if merges and isinstance(out.get(key), Mapping):
+            out[key] = merge(out[key], value, empty_clears=empty_clears)
         else:
             out[key] = value
     return out
 
 
 def load(cls: type[C], path: str | Path | None = None, overrides: Sequence[str] = ()) -> C:
-    """Load config `cls` from a YAML file (optional) plus `--set` overrides."""
+    """Load config `cls` from a YAML file (optional) plus `--set` overrides.
+
+    An override merges into the file's mapping (`--set env.kwargs={horizon: 4}` keeps the
+    file's other options); `{}` clears it (`--set env.kwargs={}`).
+    """
     data: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -103,7 +115,7 @@ def load(cls: type[C], path: str | Path | None = None, overrides: Sequence[str] 
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
         data = loaded
-    return from_dict(cls, merge(data, parse_overrides(overrides)))
+    return from_dict(cls, merge(data, parse_overrides(overrides), empty_clears=True))
 
 
 def dump(config: Any, path: str | Path) -> None:

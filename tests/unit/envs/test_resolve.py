@@ -64,6 +64,24 @@ def test_the_shipped_example_module_resolves_and_passes_check_env(monkeypatch):
     check_env(env_factory(EnvSection(id="product_env:Product-v0"), "train")())
 
 
+def test_a_module_in_the_current_folder_resolves_as_from_the_console_script(
+    user_modules, tmp_path, monkeypatch
+):
+    """`tir-rl` (a console script) has its own folder on sys.path, not the current one."""
+    user_modules(
+        "byo_here",
+        (EXAMPLES / "product_env.py").read_text().replace('"Product-v0"', '"ByoHere-v0"'),
+    )
+    here = tmp_path / "elsewhere"
+    here.mkdir()
+    (tmp_path / "byo_here.py").rename(here / "byo_here.py")
+    monkeypatch.chdir(here)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(here))])
+    env = env_factory(EnvSection(id="byo_here:ProductEnv"), "train")()
+    assert type(env).__name__ == "ProductEnv"
+    assert sys.path[-1] == str(here)  # looked in after everything installed
+
+
 def test_a_missing_module_is_refused_with_how_to_make_it_importable():
     with pytest.raises(ConfigError, match=r"cannot import module 'no_such_mod_xyz'.*PYTHONPATH"):
         env_maker("no_such_mod_xyz:My-v0")
