@@ -150,7 +150,7 @@ def _prefix_caching_finding(config: RunConfig) -> Finding:
     return Finding(
         "prefix caching", Verdict.WARN,
         f"on, {engine.dtype} sampler: in bfloat16 a cache hit multiplied the k3 mismatch by "
-        "2.3 and 24 on two seeds (docs/performance.md); measured on this model below",
+        "1.06, 2.3 and 24 on three seeds (docs/performance.md); measured on this model below",
         f"--set engine.enable_prefix_caching=false (the default for {engine.dtype}), or keep "
         "a per-token correction on and compare mismatch/k3_kl with the cache off",
     )  # fmt: skip

@@ -64,11 +64,12 @@ def run_eval(
         samples_per_task: samples per task (default: k).
         report_path: where to write the JSON report (None: not written).
     """
-    from tir_rl.runtime import env_factory, open_runtime, task_specs
+    from tir_rl.runtime import check_env_starts, env_factory, open_runtime, task_specs
 
     samples = samples_per_task or k
     if samples < k:
         raise ConfigError(f"--samples {samples} must be >= --k {k}")
+    check_env_starts(config.env, config.env.eval_split)
     factory = env_factory(config.env, config.env.eval_split)
     started = time.perf_counter()
     with open_runtime(config) as runtime:

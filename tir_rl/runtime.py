@@ -45,6 +45,35 @@ def env_factory(section: EnvSection, split: str) -> EnvFactory:
     return make
 
 
+def check_env_starts(section: EnvSection, split: str) -> None:
+    """Build one environment of `section` on `split`, reset it and close it.
+
+    Building and resetting depend only on the config, so a failure here would end every
+    episode the same way (an option the environment does not take, data that is missing):
+    it is refused as a `ConfigError` before any engine starts.
+    """
+    make = env_factory(section, split)
+    what = f"env.id {section.id!r} (split {split!r}, env.kwargs {dict(section.kwargs)})"
+    advice = (
+        "Every episode would fail the same way, so the run does not start: fix env.kwargs "
+        "(`--set 'env.kwargs={}'` clears the config file's) or the environment."
+    )
+    try:
+        env = make()
+    except Exception as exc:
+        raise ConfigError(
+            f"{what}: building the environment raised {type(exc).__name__}: {exc}. {advice}"
+        ) from exc
+    try:
+        env.reset(seed=0)
+    except Exception as exc:
+        raise ConfigError(
+            f"{what}: its reset(seed=0) raised {type(exc).__name__}: {exc}. {advice}"
+        ) from exc
+    finally:
+        env.close()
+
+
 @dataclass
 class Runtime:
     """The engine, tokenizer and agent loop of one run."""
@@ -145,6 +174,7 @@ def play_episodes(
     """
     if num < 1 or group_size < 1:
         raise ConfigError(f"--num ({num}) and --group-size ({group_size}) must be >= 1")
+    check_env_starts(config.env, split)
     factory = env_factory(config.env, split)
     num_tasks = -(-num // group_size)
     specs = task_specs(

@@ -117,7 +117,7 @@ class VLLMLocalEngine:
         turns, a group's shared prompt); the cache is dropped at every weight update
         (`clear_kv_on_update`). None: on for a float32 sampler, off for any other dtype. The
         evidence (docs/performance.md): in float32 a cache hit left the sampler's logprobs as
-        they were, in bfloat16 it multiplied the k3 mismatch by 2.3 and 24 (two seeds).
+        they were, in bfloat16 it multiplied the k3 mismatch by 1.06, 2.3 and 24 (three seeds).
         `tir-rl doctor` measures what it does on your model."""
         async_scheduling: bool = False
         """vLLM async scheduling; the CPU backend ignores it (a warning says so)."""

@@ -139,7 +139,7 @@ def run_train(config: RunConfig, *, resume: bool = False) -> TrainSummary:
 
 
 def _run_train(config: RunConfig, *, resume: bool) -> TrainSummary:
-    from tir_rl.runtime import open_runtime
+    from tir_rl.runtime import check_env_starts, open_runtime
 
     run_dir = config.run_dir
     if run_dir.exists() and not resume and latest_checkpoint(run_dir) is not None:
@@ -149,6 +149,8 @@ def _run_train(config: RunConfig, *, resume: bool) -> TrainSummary:
         )
     rank0 = tdist.is_rank0()
     _refuse_seeds_the_engine_cannot_keep(config)  # before any engine starts
+    for split in dict.fromkeys((config.env.train_split, config.env.eval_split)):
+        check_env_starts(config.env, split)
     if rank0:
         run_dir.mkdir(parents=True, exist_ok=True)
         dump(config, run_dir / "config.yaml")
