@@ -138,7 +138,8 @@ class VLLMLocalEngine:
         smallest its attention takes), vLLM's default otherwise (16 on a GPU, 128 on a CPU).
         The prefix cache reuses whole blocks only: with 128-token blocks a multi-turn episode
         of short turns took 26% of its re-sent context from the cache, with 32-token ones 72%
-        (`bench/agent_loop.py`, docs/performance.md)."""
+        (`bench/agent_loop.py`, docs/performance.md). Servers `tir-rl launch` starts get it
+        only when set (their machines may differ from this one)."""
         max_num_batched_tokens: int | None = None
         """Token budget of one engine step; None: vLLM's default. Prompts beyond it are
         prefilled in chunks."""
