@@ -46,9 +46,15 @@ SETTINGS = {
     "lab": [],
     "latency": ["env.kwargs={horizon: 4, tool_latency_median_s: 0.3, tool_latency_p99_s: 5.0}"],
 }
+PLACEMENTS = {
+    "shared": [],  # the engine and the trainer on every core: the colocated loop
+    "split": ["engine.cpu_cores=0", "trainer.cpu_cores=1"],  # one core each
+}
 
 
-def run_one(setting: str, k: int, seed: int, *, steps: int, budget_s: float | None) -> dict:
+def run_one(
+    setting: str, k: int, seed: int, *, steps: int, budget_s: float | None, placement: str
+) -> dict:
     """Train once and return the run's record."""
     from tir_rl.config import load
     from tir_rl.report.run_log import load_trajectories, read_metrics
@@ -68,6 +74,7 @@ def run_one(setting: str, k: int, seed: int, *, steps: int, budget_s: float | No
         "run.loggers=[jsonl]",
         "correction_preset=token_tis",
         *SETTINGS[setting],
+        *PLACEMENTS[placement],
     ]
     if budget_s is None:
         overrides.append(f"run.steps={steps}")
@@ -98,6 +105,7 @@ def run_one(setting: str, k: int, seed: int, *, steps: int, budget_s: float | No
             "train/skipped", "train/skipped_all_rejected")  # fmt: skip
     return {
         "setting": setting,
+        "placement": placement,
         "k": k,
         "seed": seed,
         "overrides": overrides,
@@ -179,20 +187,29 @@ def config_report(name: str) -> str:
     return "\n".join(lines) if len(lines) > 2 else f"no records for configs/{name}.yaml"
 
 
-def record_path(setting: str, k: int, seed: int) -> Path:
-    return RESULTS / setting / f"k{k}_seed{seed}.json"
+def record_path(setting: str, k: int, seed: int, placement: str = "shared") -> Path:
+    """k = 0 on every core (the reference) is `k0_seed<s>.json` in either folder."""
+    if placement == "shared":
+        return RESULTS / setting / f"k{k}_seed{seed}.json"
+    return RESULTS / f"{setting}_{placement}" / f"{placement}_k{k}_seed{seed}.json"
 
 
 def measure(args: argparse.Namespace) -> None:
+    """Per seed: k = 0 on every core, then each k (on split cores, k = 0 too) for as long."""
+    folder = args.setting if args.placement == "shared" else f"{args.setting}_{args.placement}"
     for seed in args.seeds:
-        base = record_path(args.setting, 0, seed)
+        base = record_path(folder, 0, seed)
         if not base.exists() or args.again:
-            save(run_one(args.setting, 0, seed, steps=args.steps, budget_s=None), base)
+            record = run_one(args.setting, 0, seed, steps=args.steps, budget_s=None,
+                             placement="shared")  # fmt: skip
+            save(record, base)
         budget = json.loads(base.read_text())["train_time_s"]
         for k in args.ks:
-            path = record_path(args.setting, k, seed)
-            if k and (not path.exists() or args.again):
-                save(run_one(args.setting, k, seed, steps=args.steps, budget_s=budget), path)
+            path = record_path(args.setting, k, seed, args.placement)
+            if path != base and (not path.exists() or args.again):
+                record = run_one(args.setting, k, seed, steps=args.steps, budget_s=budget,
+                                 placement=args.placement)  # fmt: skip
+                save(record, path)
 
 
 def save(record: dict, path: Path) -> None:
@@ -321,6 +338,12 @@ def main() -> None:
     parser.add_argument("--ks", type=int, nargs="+", default=[0, 1, 2, 4])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument(
+        "--placement",
+        choices=sorted(PLACEMENTS),
+        default="shared",
+        help="split: the engine on core 0, the trainer on core 1, against k = 0 on both",
+    )
     parser.add_argument("--again", action="store_true", help="rerun runs that have a record")
     parser.add_argument("--report", action="store_true", help="only print the tables")
     parser.add_argument(

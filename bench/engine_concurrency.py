@@ -10,6 +10,8 @@ within each repeat and the best of `--repeats` is kept (the machine is shared an
 
     python bench/engine_concurrency.py --model bundled \\
         --json bench/engine_concurrency_records/bundled.json
+    python bench/engine_concurrency.py --model lab --cpu-cores 0 \\
+        --json bench/engine_concurrency_records/lab_core0.json     # the engine on core 0 only
 
 `--json` writes {"model", "max_tokens", "repeats", "rows": [{"concurrency", "tokens_per_s"}]}.
 """
@@ -29,6 +31,7 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,2,4,8,16,32,64", help="comma-separated")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--cpu-cores", help="engine.cpu_cores (default: every core)")
     parser.add_argument("--json", type=Path, help="write the curve here")
     args = parser.parse_args()
 
@@ -36,7 +39,11 @@ def main() -> None:
 
     levels = [int(c) for c in args.concurrency.split(",")]
     config = VLLMLocalEngine.Config(
-        model_path=args.model, max_model_len=1024, kv_cache_gib=1.0, max_num_seqs=max(levels)
+        model_path=args.model,
+        max_model_len=1024,
+        kv_cache_gib=1.0,
+        max_num_seqs=max(levels),
+        cpu_cores=args.cpu_cores,
     )
     # distinct prompts, so that no request reads another's blocks from the prefix cache
     prompts = [[1, 504, 2462, 314, 253, 1789, 30, 198, 100 + i] * 4 for i in range(max(levels))]
@@ -58,13 +65,18 @@ def main() -> None:
                 best[c] = max(best.get(c, 0.0), asyncio.run(run(c)))
 
     top = best[max(levels)]
-    print(f"model {args.model}, {args.max_tokens} tokens per request, best of {args.repeats}")
+    cores = args.cpu_cores or "all"
+    print(
+        f"model {args.model}, cores {cores}, {args.max_tokens} tokens per request, "
+        f"best of {args.repeats}"
+    )
     print(f"{'concurrency':>11} {'tokens/s':>9} {'per sequence':>13} {'of max load':>12}")
     for c in levels:
         print(f"{c:>11} {best[c]:>9.1f} {best[c] / c:>13.2f} {best[c] / top:>12.3f}")
     if args.json:
         rows = [{"concurrency": c, "tokens_per_s": round(best[c], 2)} for c in levels]
-        payload = {"model": args.model, "max_tokens": args.max_tokens, "repeats": args.repeats}
+        payload = {"model": args.model, "cpu_cores": cores, "max_tokens": args.max_tokens,
+                   "repeats": args.repeats}  # fmt: skip
         args.json.write_text(json.dumps({**payload, "rows": rows}, indent=2) + "\n")
 
 

@@ -30,6 +30,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "types",
             "config",
             "process_owner",
+            "cpu_cores",
             "console",
             "metric",
             "models",

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tir_rl import console
+from tir_rl.cpu_cores import format_cpu_list, parse_cpu_list
 from tir_rl.engine._loop import LoopThread
 from tir_rl.engine.base import (
     PROCESSED_LOGPROBS,
@@ -133,6 +134,12 @@ class VLLMLocalEngine:
         tir-rl alternates generation and training, so 0 lets generation use every core
         (measured 1.45x tokens/s on 2 cores); None: vLLM's default (1). An explicitly set
         environment variable wins."""
+        cpu_cores: str | None = None
+        """On a CPU: the cores the engine's compute threads are bound to, e.g. `0` or `0-3`
+        (vLLM-CPU's `VLLM_CPU_OMP_THREADS_BIND`). With `trainer.cpu_cores` on the other
+        cores, an asynchronous run samples and trains without the two sharing a core
+        (docs/async.md). None: vLLM binds to every core this process may use. An explicitly
+        set environment variable wins; refused on a GPU."""
         block_size: int | None = None
         """KV cache block size in tokens. None: 32 on a CPU when the prefix cache is on (the
         smallest its attention takes), vLLM's default otherwise (16 on a GPU, 128 on a CPU).
@@ -182,6 +189,8 @@ class VLLMLocalEngine:
                 raise ConfigError(f"engine.kv_cache_gib must be > 0, got {self.kv_cache_gib}")
             if not 0 < self.gpu_memory_utilization <= 1:
                 raise ConfigError("engine.gpu_memory_utilization must be in (0, 1]")
+            if self.cpu_cores is not None:
+                parse_cpu_list(self.cpu_cores, setting="engine.cpu_cores")
 
     def __init__(self, config: Config) -> None:
         config.validate()
@@ -243,8 +252,15 @@ class VLLMLocalEngine:
             }),
         )  # fmt: skip
         reserved = None if c.cpu_reserved_cores is None else str(c.cpu_reserved_cores)
+        bound = None
+        if c.cpu_cores is not None:
+            bound = format_cpu_list(parse_cpu_list(c.cpu_cores, setting="engine.cpu_cores"))
         # Read by the engine core process, which inherits this environment when it starts.
-        with _environment_default(_RESERVED_CORES_VAR, reserved), console.child_output():
+        with (
+            _environment_default(_RESERVED_CORES_VAR, reserved),
+            _environment_default(_BOUND_CORES_VAR, bound),
+            console.child_output(),
+        ):
             return AsyncLLM.from_engine_args(args)
 
     async def _label_start(self) -> None:
@@ -256,6 +272,11 @@ class VLLMLocalEngine:
         from vllm.platforms import current_platform
 
         if not current_platform.is_cpu():
+            if self.config.cpu_cores is not None:
+                raise ConfigError(
+                    f"engine.cpu_cores={self.config.cpu_cores!r} binds vLLM-CPU's threads; this "
+                    f"engine runs on {current_platform.device_type}. Leave it unset."
+                )
             return
         block_size = self.config.block_size
         if block_size is not None and block_size % CPU_PREFIX_CACHE_BLOCK_SIZE:
@@ -271,6 +292,11 @@ class VLLMLocalEngine:
         if reserved is not None and wanted is not None and reserved != str(wanted):
             logger.warning(
                 "%s=%s overrides cpu_reserved_cores=%s", _RESERVED_CORES_VAR, reserved, wanted
+            )
+        bound = os.environ.get(_BOUND_CORES_VAR)
+        if bound is not None and self.config.cpu_cores not in (None, bound):
+            logger.warning(
+                "%s=%s overrides cpu_cores=%s", _BOUND_CORES_VAR, bound, self.config.cpu_cores
             )
         env = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
         if env and self.config.kv_cache_gib is not None and float(env) != self.config.kv_cache_gib:
@@ -599,6 +625,7 @@ def _weight_transfer_config(transfer: WeightTransfer) -> Any:
 
 
 _RESERVED_CORES_VAR = "VLLM_CPU_NUM_OF_RESERVED_CPU"
+_BOUND_CORES_VAR = "VLLM_CPU_OMP_THREADS_BIND"
 
 
 @contextlib.contextmanager

@@ -46,6 +46,7 @@ import contextlib
 import fnmatch
 import logging
 import math
+import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -55,6 +56,7 @@ import torch
 from torch import nn
 
 from tir_rl import distributed as tdist
+from tir_rl.cpu_cores import parse_cpu_list, pin_process
 from tir_rl.errors import ConfigError, did_you_mean
 from tir_rl.metric import Metric, ReduceOp
 from tir_rl.mismatch import (
@@ -259,6 +261,11 @@ class Trainer:
         a run config, 0 for a trainer built alone."""
         device: str = "auto"
         """`auto` (CUDA when available, else CPU), `cpu`, `cuda`, or `cuda:N`."""
+        cpu_cores: str | None = None
+        """On a CPU: the cores the trainer's process runs on, e.g. `1` or `2-3`; its torch
+        threads are as many (shared by the node's ranks). Pinned once the engine has
+        started, so the engine keeps its own cores (`engine.cpu_cores`; docs/async.md).
+        None: every core, `OMP_NUM_THREADS` torch threads. Refused with a CUDA trainer."""
 
         def validate(self) -> None:
             """Check values a user can get wrong."""
@@ -268,6 +275,8 @@ class Trainer:
                 raise ConfigError("trainer.micro_batch_tokens must be positive.")
             if self.lr < 0:
                 raise ConfigError(f"trainer.lr must be >= 0, got {self.lr}.")
+            if self.cpu_cores is not None:
+                parse_cpu_list(self.cpu_cores, setting="trainer.cpu_cores")
             if self.packing is Packing.SHARED_PREFIX and self.attn_implementation != "sdpa":
                 raise ConfigError(
                     f"trainer.packing shared_prefix computes its attention with sdpa "
@@ -320,6 +329,8 @@ class Trainer:
                 f"trainer.cudnn_attention chooses a CUDA attention kernel; the trainer runs on "
                 f"{self.device}. Set trainer.cudnn_attention false (or trainer.device cuda)."
             )
+        if self.config.cpu_cores is not None:
+            self._pin_to_cores(self.config.cpu_cores)
         if self.device.type == "cuda":
             torch.set_float32_matmul_precision("high" if self.config.tf32 else "highest")
             torch.backends.cuda.enable_cudnn_sdp(self.config.cudnn_attention)
@@ -667,6 +678,20 @@ class Trainer:
         self.step += 1
         return StepResult(
             total_loss, grad_norm, skipped, metrics, decision, old_logprobs, corrected
+        )
+
+    def _pin_to_cores(self, cpu_list: str) -> None:
+        if self.device.type != "cpu":
+            raise ConfigError(
+                f"trainer.cpu_cores={cpu_list!r} pins a CPU trainer; this one runs on "
+                f"{self.device}. Leave it unset (pin a GPU run's host with taskset or numactl)."
+            )
+        cores = parse_cpu_list(cpu_list, setting="trainer.cpu_cores")
+        pin_process(cores)
+        ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        torch.set_num_threads(max(1, len(cores) // ranks_here))
+        logger.info(
+            "trainer pinned to cores %s, %d torch threads", cpu_list, torch.get_num_threads()
         )
 
     def lr_at(self, step: int) -> float:

@@ -1,6 +1,8 @@
 """Real vLLM (CPU) on a tiny random Llama: one engine for the whole module."""
 
 import asyncio
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ pytestmark = pytest.mark.vllm
 
 MAX_MODEL_LEN = 256
 PROMPT = [1, 504, 2462, 314, 253, 1789, 30, 198]
+ENGINE_CORE = min(os.sched_getaffinity(0))
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +27,7 @@ def engine(tiny_model_path):
         kv_cache_gib=0.0625,
         enable_prefix_caching=True,
         max_num_seqs=32,
+        cpu_cores=str(ENGINE_CORE),
     )
     with VLLMLocalEngine(config) as engine:
         yield engine
@@ -138,6 +142,27 @@ def test_a_second_turn_reads_the_first_turns_blocks_from_the_prefix_cache(engine
     assert cached.num_cached_prompt_tokens >= whole_blocks >= 64
     assert fresh.num_cached_prompt_tokens == 0
     assert fresh.token_ids == cached.token_ids  # float32: the cache changes nothing
+
+
+def _descendants(pid: int) -> list[int]:
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [p for child in map(int, children) for p in (child, *_descendants(child))]
+
+
+def test_the_engine_computes_on_the_cores_it_was_given(engine):
+    run(engine.generate(request()))
+    workers = [
+        pid
+        for pid in _descendants(os.getpid())
+        if Path(f"/proc/{pid}/comm").read_text().strip() == "VLLM::Worker"
+    ]
+    assert workers, "no vLLM worker process found under this one"
+    masks = {
+        frozenset(os.sched_getaffinity(int(task.name)))
+        for pid in workers
+        for task in Path(f"/proc/{pid}/task").iterdir()
+    }
+    assert masks == {frozenset({ENGINE_CORE})}
 
 
 def test_a_block_size_the_cpu_attention_cannot_take_is_refused_before_start(tiny_model_path):
