@@ -56,7 +56,7 @@ import math
 import random
 import statistics
 from collections import deque
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tir_rl.rollout.buffer import AdmissionSchedule, GroupTicket, LateGroups
@@ -94,6 +94,40 @@ class Workload:
     source: str
 
 
+@dataclass(frozen=True)
+class ThroughputCurve:
+    """An engine's total decode tokens/s by the number of sequences it runs at once, as
+    `bench/engine_concurrency.py` measures it: (concurrency, tokens/s) in increasing order."""
+
+    points: tuple[tuple[int, float], ...]
+    source: str
+
+    def total(self, load: int) -> float:
+        """Tokens/s at `load` sequences: linear between measured loads, through (0, 0) below
+        the first, flat above the last (the engine is saturated)."""
+        loads = [c for c, _ in self.points]
+        if load >= loads[-1]:
+            return self.points[-1][1]
+        i = bisect.bisect_left(loads, load)
+        if loads[i] == load:
+            return self.points[i][1]
+        (c0, r0), (c1, r1) = ((0, 0.0), self.points[0]) if i == 0 else self.points[i - 1 : i + 1]
+        return r0 + (r1 - r0) * (load - c0) / (c1 - c0)
+
+    def speed(self, load: int, reference: int) -> float:
+        """How fast one sequence runs at `load` relative to at `reference` (per-sequence
+        tokens/s ratio)."""
+        return (self.total(load) / load) / (self.total(reference) / reference)
+
+
+def load_curve(path: Path) -> ThroughputCurve:
+    data = json.loads(path.read_text())
+    points = tuple(sorted((int(r["concurrency"]), float(r["tokens_per_s"])) for r in data["rows"]))
+    if not points or any(rate <= 0 for _, rate in points):
+        raise ValueError(f"{path}: rows must hold positive tokens_per_s")
+    return ThroughputCurve(points=points, source=str(path))
+
+
 @dataclass(frozen=True, kw_only=True)
 class Setup:
     """The simulated cluster and run."""
@@ -103,6 +137,11 @@ class Setup:
     """Episodes at once per engine."""
     train_speedup: float = 1.0
     num_steps: int = 50
+    curve: ThroughputCurve | None = None
+    """With a curve, episodes share their engine (processor sharing): each runs at the
+    curve's per-sequence speed for the engine's current load, relative to `reference_load`,
+    the load its measured duration was taken at. None: a duration does not depend on load."""
+    reference_load: int = 64
 
 
 @dataclass
@@ -117,6 +156,18 @@ class Result:
     lags: list[int]
 
 
+def colocated(setup: Setup, trainer_devices: int) -> Setup:
+    """The synchronous loop users run on the same devices: every device serves as an engine
+    while a step samples (the step's batch spread over engines + trainer devices), then every
+    device trains (the update on all of them, linear scaling), then the weights reload."""
+    devices = setup.num_inference + trainer_devices
+    return replace(
+        setup,
+        num_inference=devices,
+        train_speedup=setup.train_speedup * devices / trainer_devices,
+    )
+
+
 def synthetic_workload() -> Workload:
     return Workload(
         episode_s=Dist(median=2.0, sigma=math.log(20.0 / 2.0) / Z99),
@@ -129,16 +180,7 @@ def synthetic_workload() -> Workload:
 
 
 def load_record(path: Path) -> Workload:
-    data = json.loads(path.read_text())
-    lists = {key: tuple(float(x) for x in data[key]) for key in ("episode_s", "train_s", "sync_s")}
-    if not all(lists.values()):
-        raise ValueError(f"{path}: episode_s, train_s and sync_s must be non-empty lists")
-    return Workload(
-        **{key: Dist(values=values) for key, values in lists.items()},
-        tasks_per_step=int(data["tasks_per_step"]),
-        group_size=int(data["group_size"]),
-        source=str(path),
-    )
+    return _workload(json.loads(path.read_text()), str(path))
 
 
 def draw_durations(
@@ -153,6 +195,56 @@ def draw_durations(
     return episode_s, train_s, sync_s
 
 
+class _Engines:
+    """Engines that share their speed among the episodes they run (processor sharing).
+
+    An engine's `service` grows at the per-sequence speed of its current load; an episode of
+    `work` seconds (at the reference load) started at service S ends when service reaches
+    S + work. All of an engine's episodes run at the same speed, so they end in that order.
+    """
+
+    def __init__(self, setup: Setup) -> None:
+        self.setup = setup
+        n = setup.num_inference
+        self.service = [0.0] * n
+        self.running: list[list[tuple[float, int, tuple]]] = [[] for _ in range(n)]
+        self.busy_s = [0.0] * n
+        self._order = itertools.count()
+
+    def load(self, engine: int) -> int:
+        return len(self.running[engine])
+
+    def speed(self, engine: int) -> float:
+        curve = self.setup.curve
+        load = self.load(engine)
+        return 1.0 if curve is None or load == 0 else curve.speed(load, self.setup.reference_load)
+
+    def start(self, engine: int, work: float, payload: tuple) -> None:
+        heapq.heappush(
+            self.running[engine], (self.service[engine] + work, next(self._order), payload)
+        )
+
+    def next_end(self, now: float) -> tuple[float, int]:
+        """When the next episode ends, and on which engine (inf when none runs)."""
+        best = (math.inf, -1)
+        for engine, running in enumerate(self.running):
+            if running:
+                at = now + max(0.0, running[0][0] - self.service[engine]) / self.speed(engine)
+                best = min(best, (at, engine))
+        return best
+
+    def advance(self, elapsed: float) -> None:
+        for engine, running in enumerate(self.running):
+            if running:
+                self.service[engine] += elapsed * self.speed(engine)
+                self.busy_s[engine] += elapsed
+
+    def finish(self, engine: int) -> tuple:
+        target, _, payload = heapq.heappop(self.running[engine])
+        self.service[engine] = max(self.service[engine], target)
+        return payload
+
+
 def simulate(work: Workload, setup: Setup, k: int, seed: int) -> Result:
     """Run producer, engines and trainer as events; see the module docstring."""
     b, g, num_steps = work.tasks_per_step, work.group_size, setup.num_steps
@@ -164,9 +256,7 @@ def simulate(work: Workload, setup: Setup, k: int, seed: int) -> Result:
     events: list[tuple[float, int, str, tuple]] = []
     order = itertools.count()
     queue: deque[tuple[GroupTicket, float]] = deque()
-    load = [0] * setup.num_inference
-    busy_since = [0.0] * setup.num_inference
-    engine_busy_s = [0.0] * setup.num_inference
+    engines = _Engines(setup)
     episodes_left: dict[int, int] = {}
     token_versions: dict[int, list[int]] = {}
     version_start = [0.0]  # version_start[v]: when the engines began to hold version v
@@ -183,13 +273,12 @@ def simulate(work: Workload, setup: Setup, k: int, seed: int) -> Result:
             episodes_left[ticket.index] = g
             token_versions[ticket.index] = []
             queue.extend((ticket, duration) for duration in episode_s[ticket.index])
-        while queue and min(load) < setup.concurrency:
-            engine = load.index(min(load))
+        loads = [engines.load(e) for e in range(setup.num_inference)]
+        while queue and min(loads) < setup.concurrency:
+            engine = loads.index(min(loads))
             ticket, duration = queue.popleft()
-            if load[engine] == 0:
-                busy_since[engine] = now
-            load[engine] += 1
-            push(now + duration, "episode", (engine, ticket, now, duration))
+            loads[engine] += 1
+            engines.start(engine, duration, (ticket, now))
         if trainer_free and schedule.step < num_steps and schedule.ready():
             taken = schedule.take()
             for group in taken.groups:
@@ -199,80 +288,187 @@ def simulate(work: Workload, setup: Setup, k: int, seed: int) -> Result:
             push(now + train_s[taken.step], "trained", (taken.step,))
 
     pump()
-    while events:
-        now, _, kind, payload = heapq.heappop(events)
-        if kind == "episode":
-            engine, ticket, start, duration = payload
-            load[engine] -= 1
-            if load[engine] == 0:
-                engine_busy_s[engine] += now - busy_since[engine]
+    while True:
+        ends_at, engine = engines.next_end(now)
+        event_at = events[0][0] if events else math.inf
+        if ends_at == event_at == math.inf:
+            break
+        at = min(ends_at, event_at)
+        engines.advance(at - now)
+        now = at
+        if ends_at <= event_at:
+            ticket, start = engines.finish(engine)
             for i in range(TOKENS_PER_EPISODE):
-                sampled_at = start + (i + 0.5) / TOKENS_PER_EPISODE * duration
+                sampled_at = start + (i + 0.5) / TOKENS_PER_EPISODE * (now - start)
                 version = bisect.bisect_right(version_start, sampled_at) - 1
                 token_versions[ticket.index].append(version)
             episodes_left[ticket.index] -= 1
             if episodes_left[ticket.index] == 0:
                 schedule.finish(ticket, token_versions.pop(ticket.index))
-        elif kind == "trained":
-            (step,) = payload
-            push(now + sync_s[step], "synced", (step,))
-        else:  # "synced": the engines hold the weights of step + 1 steps
-            (step,) = payload
-            version_start.append(now)
-            schedule.advance_clock(step + 1)
-            trainer_free = True
-            makespan = now
+        else:
+            _, _, kind, (step,) = heapq.heappop(events)
+            if kind == "trained":
+                push(now + sync_s[step], "synced", (step,))
+            else:  # "synced": the engines hold the weights of step + 1 steps
+                version_start.append(now)
+                schedule.advance_clock(step + 1)
+                trainer_free = True
+                makespan = now
         pump()
 
-    assert schedule.step == num_steps and not queue and not any(load), "the run did not finish"
+    assert schedule.step == num_steps and not queue, "the run did not finish"
+    assert not any(engines.running), "an episode is still running"
     assert all(0 <= lag <= k for lag in lags), "a token lags by more than k"
     return Result(
         k=k,
         makespan_s=makespan,
         groups_per_s=num_steps * b / makespan if makespan > 0 else math.inf,
-        engine_busy=statistics.fmean(engine_busy_s) / makespan if makespan > 0 else 0.0,
+        engine_busy=statistics.fmean(engines.busy_s) / makespan if makespan > 0 else 0.0,
         trainer_busy=train_busy_s / makespan if makespan > 0 else 0.0,
         lags=lags,
     )
 
 
-def table(work: Workload, setup: Setup, ks: list[int], seeds: list[int]) -> list[dict]:
-    """One row per k, averaged over seeds; the ratio is to k = 0 under the same seed."""
+def table(
+    work: Workload,
+    setup: Setup,
+    ks: list[int],
+    seeds: list[int],
+    *,
+    trainer_devices: int | None = None,
+) -> list[dict]:
+    """One row per k, averaged over seeds; ratios are to k = 0 under the same seed. With
+    `trainer_devices`, a first row is the colocated loop on engines + trainer devices, and
+    every row's `vs_colocated` is its ratio to that row under the same seed."""
     runs = {(k, seed): simulate(work, setup, k, seed) for k in {0, *ks} for seed in seeds}
-    rows = []
-    for k in ks:
-        results = [runs[k, seed] for seed in seeds]
-        ratios = [runs[k, seed].groups_per_s / runs[0, seed].groups_per_s for seed in seeds]
+    baseline = {}
+    if trainer_devices is not None:
+        together = colocated(setup, trainer_devices)
+        baseline = {seed: simulate(work, together, 0, seed) for seed in seeds}
+
+    def row(k: int, loop: str, results: list[Result], reference: list[Result]) -> dict:
+        ratios = [
+            r.groups_per_s / ref.groups_per_s for r, ref in zip(results, reference, strict=True)
+        ]
         lags = [lag for r in results for lag in r.lags]
-        rows.append(
-            {
-                "k": k,
-                "groups_per_s": statistics.fmean(r.groups_per_s for r in results),
-                "ratio": statistics.fmean(ratios),
-                "ratio_min": min(ratios),
-                "ratio_max": max(ratios),
-                "engine_busy": statistics.fmean(r.engine_busy for r in results),
-                "trainer_busy": statistics.fmean(r.trainer_busy for r in results),
-                "lag_mean": statistics.fmean(lags),
-                "lag_max": max(lags),
-            }
-        )
+        out = {
+            "k": k,
+            "loop": loop,
+            "groups_per_s": statistics.fmean(r.groups_per_s for r in results),
+            "ratio": statistics.fmean(ratios),
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+            "engine_busy": statistics.fmean(r.engine_busy for r in results),
+            "trainer_busy": statistics.fmean(r.trainer_busy for r in results),
+            "lag_mean": statistics.fmean(lags),
+            "lag_max": max(lags),
+        }
+        if baseline:
+            vs = [
+                r.groups_per_s / baseline[seed].groups_per_s
+                for r, seed in zip(results, seeds, strict=True)
+            ]
+            out |= {"vs_colocated": statistics.fmean(vs), "vs_colocated_min": min(vs),
+                    "vs_colocated_max": max(vs)}  # fmt: skip
+        return out
+
+    k0 = [runs[0, seed] for seed in seeds]
+    rows = [row(0, "colocated", [baseline[s] for s in seeds], k0)] if baseline else []
+    rows += [row(k, "separate", [runs[k, seed] for seed in seeds], k0) for k in ks]
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
+    colocated_column = "vs_colocated" in rows[0]
     lines = [
-        "| k | groups/s | ratio to k=0 (min-max) | engine busy | trainer busy"
-        " | lag mean | lag max |",
-        "|---|---|---|---|---|---|---|",
+        "| loop | k | groups/s | ratio to k=0 (min-max)"
+        + (" | ratio to colocated k=0 (min-max)" if colocated_column else "")
+        + " | engine busy | trainer busy | lag mean | lag max |",
+        "|---|---|---|---|" + ("---|" if colocated_column else "") + "---|---|---|---|",
     ]
     for r in rows:
+        vs = ""
+        if colocated_column:
+            vs = (
+                f" | {r['vs_colocated']:.2f} ({r['vs_colocated_min']:.2f}"
+                f"-{r['vs_colocated_max']:.2f})"
+            )
         lines.append(
-            f"| {r['k']} | {r['groups_per_s']:.3f} | {r['ratio']:.2f}"
-            f" ({r['ratio_min']:.2f}-{r['ratio_max']:.2f}) | {r['engine_busy']:.0%}"
+            f"| {r['loop']} | {r['k']} | {r['groups_per_s']:.3f} | {r['ratio']:.2f}"
+            f" ({r['ratio_min']:.2f}-{r['ratio_max']:.2f}){vs} | {r['engine_busy']:.0%}"
             f" | {r['trainer_busy']:.0%} | {r['lag_mean']:.2f} | {r['lag_max']} |"
         )
     return "\n".join(lines)
+
+
+SPLIT_RESULTS = Path(__file__).resolve().parent / "async" / "results"
+CURVES = Path(__file__).resolve().parent / "engine_concurrency_records"
+
+
+def this_machine(setting: str, *, both_cores: Path, one_core: Path) -> str:
+    """The simulation's prediction for the split-core runs of `bench/async_rl.py
+    --placement split`, next to what they measured, seed by seed.
+
+    Colocated k = 0 replays its own record (durations on both cores) with the engine's
+    both-core curve; the split runs replay split k = 0's record (the engine on one core, the
+    trainer on the other, never overlapping) with the one-core curve, at each k. Each run
+    simulates as many steps as colocated k = 0 trained; measured groups/s are the steps'
+    groups over their wall time (evaluations excluded).
+    """
+    folder = SPLIT_RESULTS / f"{setting}_split"
+    curves = {"colocated": load_curve(both_cores), "split": load_curve(one_core)}
+    lines = [
+        f"### {setting}: split cores, simulated against measured (groups/s; ratio to "
+        "colocated k=0, same seed)",
+        "",
+        "| seed | loop | k | simulated groups/s | measured groups/s | simulated ratio "
+        "| measured ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for base_path in sorted(folder.glob("k0_seed*.json")):
+        base = json.loads(base_path.read_text())
+        seed, steps = base["seed"], base["steps_done"]
+        runs = [("colocated", 0, base, base)]
+        split_base_path = folder / f"split_k0_seed{seed}.json"
+        if not split_base_path.exists():
+            continue
+        split_base = json.loads(split_base_path.read_text())
+        for path in sorted(folder.glob(f"split_k*_seed{seed}.json")):
+            runs.append(("split", json.loads(path.read_text())["k"], json.loads(path.read_text()),
+                         split_base))  # fmt: skip
+        simulated, measured = {}, {}
+        for loop, k, record, durations in runs:
+            work = _workload(durations, str(base_path))
+            setup = Setup(
+                concurrency=work.tasks_per_step * work.group_size,
+                reference_load=work.tasks_per_step * work.group_size,
+                curve=curves[loop],
+                num_steps=steps,
+            )
+            simulated[loop, k] = simulate(work, setup, k, seed).groups_per_s
+            wall = sum(s["perf/step_s"] for s in record["steps"])
+            measured[loop, k] = len(record["steps"]) * record["tasks_per_step"] / wall
+        for loop, k, _, _ in runs:
+            lines.append(
+                f"| {seed} | {loop} | {k} | {simulated[loop, k]:.3f} | {measured[loop, k]:.3f} "
+                f"| {simulated[loop, k] / simulated['colocated', 0]:.2f} "
+                f"| {measured[loop, k] / measured['colocated', 0]:.2f} |"
+            )
+    return "\n".join(lines)
+
+
+def _workload(record: dict, source: str) -> Workload:
+    lists = {
+        key: tuple(float(x) for x in record[key]) for key in ("episode_s", "train_s", "sync_s")
+    }
+    if not all(lists.values()):
+        raise ValueError(f"{source}: episode_s, train_s and sync_s must be non-empty lists")
+    return Workload(
+        **{key: Dist(values=values) for key, values in lists.items()},
+        tasks_per_step=int(record["tasks_per_step"]),
+        group_size=int(record["group_size"]),
+        source=source,
+    )
 
 
 def main() -> None:
@@ -290,9 +486,26 @@ def main() -> None:
     parser.add_argument(
         "--trainer-devices", type=int, help="trainer devices (overrides the scenario's)"
     )
+    parser.add_argument(
+        "--curve",
+        type=Path,
+        help="an engine's tokens/s by concurrency (bench/engine_concurrency.py --json): "
+        "episodes then share their engine; without one their durations ignore the load",
+    )
+    parser.add_argument(
+        "--this-machine",
+        metavar="SETTING",
+        help="instead: predict bench/async_rl.py's split-core runs of SETTING from their "
+        "k = 0 records and compare with what they measured",
+    )
     parser.add_argument("--json", type=Path, help="write the table here")
     args = parser.parse_args()
 
+    if args.this_machine:
+        # bench/async_rl.py trains configs/lab.yaml's model, "lab"
+        both, one = CURVES / "lab.json", CURVES / "lab_core0.json"
+        print(this_machine(args.this_machine, both_cores=both, one_core=one))
+        return
     work = load_record(args.record) if args.record else synthetic_workload()
     num_inference, train_devices = SCENARIOS[args.scenario]
     num_inference = args.engines or num_inference
@@ -306,17 +519,25 @@ def main() -> None:
         concurrency=args.concurrency or measured_load,
         train_speedup=train_devices / batch_scale,  # the update grows with the batch
         num_steps=args.steps,
+        curve=load_curve(args.curve) if args.curve else None,
+        reference_load=measured_load,
     )
     ks = [int(k) for k in args.ks.split(",")]
-    rows = table(work, setup, ks, list(range(args.seeds)))
+    rows = table(work, setup, ks, list(range(args.seeds)), trainer_devices=train_devices)
 
     print(f"Projection (not a measurement), scenario {args.scenario}, durations: {work.source}")
-    print(f"{work.tasks_per_step} tasks x {work.group_size} samples per step, {asdict(setup)}")
+    curve = setup.curve.source if setup.curve else "none (durations ignore the load)"
+    print(
+        f"{work.tasks_per_step} tasks x {work.group_size} samples per step, "
+        f"{num_inference} engine(s), {train_devices} trainer device(s), "
+        f"at most {setup.concurrency} episodes per engine, engine curve: {curve}"
+    )
     print(f"seeds 0..{args.seeds - 1}; assumptions:")
     print(__doc__.split("Assumptions:\n")[1].rstrip() + "\n")
     print(markdown(rows))
     if args.json:
-        payload = {"scenario": args.scenario, "source": work.source, "setup": asdict(setup)}
+        payload = {"scenario": args.scenario, "source": work.source, "curve": curve,
+                   "engines": num_inference, "trainer_devices": train_devices}  # fmt: skip
         args.json.write_text(json.dumps({**payload, "rows": rows}, indent=2) + "\n")
 
 

@@ -89,3 +89,38 @@ def test_a_seed_reproduces_the_table_and_another_changes_it():
     first = sim.table(work, setup, [0, 1], [0, 1])
     assert sim.table(work, setup, [0, 1], [0, 1]) == first
     assert sim.table(work, setup, [0, 1], [2, 3]) != first
+
+
+def saturated_curve():
+    """An engine whose total rate is the same at 1 and 2 sequences: alone, one runs 2x."""
+    return sim.ThroughputCurve(points=((1, 10.0), (2, 10.0)), source="test")
+
+
+def test_a_curve_interpolates_between_measured_loads_and_is_flat_beyond_them():
+    curve = sim.ThroughputCurve(points=((1, 10.0), (4, 40.0), (8, 48.0)), source="test")
+    assert curve.total(2) == pytest.approx(20.0)
+    assert curve.total(6) == pytest.approx(44.0)
+    assert curve.total(100) == pytest.approx(48.0)
+    assert curve.speed(1, reference=8) == pytest.approx(10.0 / 6.0)
+
+
+def test_the_tail_of_a_step_runs_faster_on_an_engine_that_shares_its_speed():
+    work = fixed(episode_s=2.0, b=1, g=3)  # two at a time: two waves, the second alone
+    flat = sim.Setup(concurrency=2, num_steps=1)
+    shared = replace(flat, curve=saturated_curve(), reference_load=2)
+    assert sim.simulate(work, flat, k=0, seed=0).makespan_s == pytest.approx(4.0)
+    # both first episodes end at 2 s; the third then runs alone at twice the speed
+    assert sim.simulate(work, shared, k=0, seed=0).makespan_s == pytest.approx(3.0)
+
+
+def test_the_colocated_loop_samples_on_every_device_then_trains_on_every_device():
+    work = fixed(episode_s=2.0, train_s=2.0, b=2, g=2)
+    setup = sim.Setup(concurrency=4, num_steps=3)
+    rows = sim.table(work, setup, [0, 1], [0], trainer_devices=1)
+    colocated, separate_k0, separate_k1 = rows
+    assert colocated["loop"] == "colocated" and colocated["lag_max"] == 0
+    # colocated: 2 s of sampling on two devices, the update on two devices in 1 s
+    assert 3 / colocated["groups_per_s"] == pytest.approx(3 * (2.0 + 1.0) / 2)
+    assert separate_k0["vs_colocated"] == pytest.approx(3.0 / 4.0)
+    # k = 1 overlaps 2 s of sampling with 2 s of training: 2 s a step after the first
+    assert separate_k1["vs_colocated"] == pytest.approx((3 * 3.0) / (3 * 2.0 + 2.0))
