@@ -58,7 +58,7 @@ import torch
 
 from tir_rl import distributed as tdist
 from tir_rl.config import dump, load, to_dict
-from tir_rl.errors import ConfigError, ParityError
+from tir_rl.errors import ConfigError, ParityError, TirError
 from tir_rl.mismatch.injection import MismatchInjection
 from tir_rl.report.eval_stats import bootstrap_paired_change
 from tir_rl.report.step_metrics import StepOutcome
@@ -340,6 +340,7 @@ class _TrainLoop:
                     self.summary.stopped_by_time_budget = True
                     break
             self._stop_producer()
+            self._refuse_if_nothing_sampled()
             after = self._evaluate_shared(self.summary.steps_done, "after")
             self.summary.accuracy_after = after.pass_at_1 if after is not None else None
             if before is not None and after is not None:
@@ -363,6 +364,13 @@ class _TrainLoop:
                 self.driver.plots(self.summary.steps_done)
                 self.driver.metrics.close()
         return self.summary
+
+    def _refuse_if_nothing_sampled(self) -> None:
+        try:
+            self.update.check_sampled(self.summary.steps_done)
+        except TirError:
+            self.ended_together = True  # every rank skipped the same steps and raises alike
+            raise
 
     def _step(self, step: int) -> tuple[dict[str, float], bool]:
         """One RL step: take the groups → advantages → update → sync in flight → log."""

@@ -139,6 +139,23 @@ class Update:
         self.trainer = trainer
         self.guard = guard
         self._failed_in_a_row = 0
+        self.steps_with_tokens = 0
+        """Steps in which at least one episode sampled a token."""
+        self.first_error: str | None = None
+        """The first episode error of the first step that sampled nothing."""
+
+    def check_sampled(self, steps_done: int) -> None:
+        """Refuse to end a run in which no episode of any step sampled a token.
+
+        Raises:
+            TirError: `steps_done` > 0 steps ran and none had a trainable episode.
+        """
+        if steps_done and not self.steps_with_tokens:
+            raise TirError(
+                f"No episode of this run's {steps_done} step(s) sampled a token: nothing was "
+                f"trained. First error: {self.first_error or 'none recorded'}. Run `tir-rl "
+                "rollout --config ...` or `tir-rl doctor --config ...` to inspect the episodes."
+            )
 
     def __call__(self, step: int, work: StepWork) -> StepResult | None:
         """Recompute ℓ^old, measure and correct the mismatch, update; see `Trainer.train_step`.
@@ -151,6 +168,7 @@ class Update:
         """
         if work.batch is None:
             self._failed_in_a_row += 1
+            self.first_error = self.first_error or work.first_error
             if tdist.is_rank0():
                 logger.warning(
                     "step %d: no episode sampled any token; skipping the update. First error: %s",
@@ -164,6 +182,7 @@ class Update:
                 )
             return None
         self._failed_in_a_row = 0
+        self.steps_with_tokens += 1
         if work.advantages is None:  # no signal: score the batch; the guard still watches it
             return self.trainer.score_step(work.batch, guard=self.guard)
         # One forward per micro-batch; its detached logprobs are ℓ^old.

@@ -9,6 +9,7 @@ import pytest
 from tir_rl.config import load
 from tir_rl.doctor import Verdict, run_doctor
 from tir_rl.envs.multihop import MultiHopEnv
+from tir_rl.errors import TirError
 from tir_rl.evaluate import resolve_checkpoint, run_eval
 from tir_rl.models import prepare_tiny_model
 from tir_rl.report.run_log import load_trajectories, read_metrics
@@ -37,6 +38,25 @@ class FakeParityRewardEnv(MultiHopEnv):
 
 if FAKE_ENV_ID not in gymnasium.registry:
     gymnasium.register(id=FAKE_ENV_ID, entry_point=FakeParityRewardEnv)
+
+FAILING_ENV_ID = "tests/FakeFailsAfterStartUp-v0"
+
+
+class FakeFailsAfterStartUpEnv(MultiHopEnv):
+    """Resets twice (the run's start-up check builds and resets one per split), then never
+    again: every episode of the run fails before it samples a token."""
+
+    resets = 0
+
+    def reset(self, *, seed=None, options=None):
+        FakeFailsAfterStartUpEnv.resets += 1
+        if FakeFailsAfterStartUpEnv.resets > 2:
+            raise RuntimeError("the task server went away")
+        return super().reset(seed=seed, options=options)
+
+
+if FAILING_ENV_ID not in gymnasium.registry:
+    gymnasium.register(id=FAILING_ENV_ID, entry_point=FakeFailsAfterStartUpEnv)
 
 
 LOCAL_ENGINE = ("engine.max_model_len=2048", "engine.kv_cache_gib=0.25")
@@ -187,6 +207,14 @@ def test_steps_without_learning_signal_make_no_update_and_the_guard_watches_them
     assert "sync/parity_max_abs_diff" not in rows[0]  # no update, so no weight sync
     assert rows[0]["guard/alerts"] == 1.0
     assert (summary.run_dir / "alerts" / "step_000000" / "alert.json").is_file()
+
+
+def test_a_run_in_which_no_episode_sampled_a_token_fails_with_the_episodes_error(tmp_path):
+    FakeFailsAfterStartUpEnv.resets = 0
+    config = tiny_config(tmp_path, "run.eval_tasks=1", env_id=FAILING_ENV_ID)
+    with pytest.raises(TirError, match="No episode of this run's 2 step") as error:
+        run_train(config)
+    assert "the task server went away" in str(error.value)
 
 
 def test_wandb_offline_gets_the_config_rows_and_plots_and_resume_keeps_its_run(
