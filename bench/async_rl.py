@@ -262,30 +262,38 @@ def _shares(lags: Counter, num: int) -> str:
     return " / ".join(f"{p:.2f}" for p in parts)
 
 
-def report(setting: str) -> str:
+def report(folder: str) -> str:
+    """The table of one folder of records: `<setting>` (every run on both cores) or
+    `<setting>_split` (k = 0 on both cores, the reference, then each k on split cores)."""
     from tir_rl.report.eval_stats import bootstrap_paired_change
 
-    records = [json.loads(p.read_text()) for p in sorted((RESULTS / setting).glob("*.json"))]
+    records = [json.loads(p.read_text()) for p in sorted((RESULTS / folder).glob("*.json"))]
     if not records:
-        return f"no records for {setting}"
-    by_k: dict[int, list[dict]] = {}
+        return f"no records for {folder}"
+    by_run: dict[tuple[str, int], list[dict]] = {}
     for record in records:
-        by_k.setdefault(record["k"], []).append(record)
-    base = {r["seed"]: r for r in by_k.get(0, [])}
-    base_steps = next(iter(base.values()))["steps_done"] if base else "?"
+        by_run.setdefault((record.get("placement", "shared"), record["k"]), []).append(record)
+    base = {r["seed"]: r for r in by_run.get(("shared", 0), [])}
+    base_steps = sorted({r["steps_done"] for r in base.values()})
+    split = any(placement != "shared" for placement, _ in by_run)
+    others = "each k on split cores (the engine on core 0, the trainer on core 1)" if split else (
+        "k > 0")  # fmt: skip
     lines = [
-        f"### {setting}: seeds {sorted(base)}; k = 0 trains {base_steps} steps, k > 0 trains "
-        "for as long (evaluations excluded)",
+        f"#### {folder}: seeds {sorted(base)}; k = 0 on both cores trains "
+        f"{', '.join(map(str, base_steps))} steps, {others} trains for as long "
+        "(evaluations excluded)",
         "",
-        "| k | steps in the budget | consumed tokens/s | ratio to k=0 | loss tokens/s "
+        "| cores | k | steps in the budget | consumed tokens/s | ratio to k=0 on both cores "
+        "| loss tokens/s "
         "| engine busy | trainer busy | update s: median (min-max) "
         "| lag: mean, max | lag 0 / 1 / 2 / 3+ (share of trained tokens) "
         "| held-out Δ vs k=0, same groups (their sampled tokens / k=0's) "
         "| held-out Δ vs k=0, same time |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for k in sorted(by_k):
-        runs = by_k[k]
+    for placement, k in sorted(by_run, key=lambda key: (key[0] != "shared", key[1])):
+        runs = by_run[placement, k]
+        reference = placement == "shared" and k == 0
         totals = [_totals(r) for r in runs]
         rate = sum(t["consumed_tokens_per_s"] for t in totals) / len(totals)
         loss_rate = sum(t["loss_tokens_per_s"] for t in totals) / len(totals)
@@ -299,16 +307,17 @@ def report(setting: str) -> str:
             lags.update({int(lag): n for lag, n in r["lag_histogram"].items()})
         num = sum(lags.values()) or 1
         mean_lag = sum(lag * n for lag, n in lags.items()) / num
-        same_groups = "(reference)"
-        if k:
+        same_groups = same_time = "(reference)"
+        if not reference:
             steps = {r["seed"]: base[r["seed"]]["steps_done"] for r in runs if r["seed"] in base}
             tokens = sum(_totals(r, steps[r["seed"]])["sampled_tokens"] for r in runs)
             tokens_0 = sum(_totals(base[seed])["sampled_tokens"] for seed in steps)
             same_groups = f"{_pooled_change(runs, base, 'tokens')} ({tokens / tokens_0:.2f})"
-        same_time = "(reference)" if k == 0 else _pooled_change(runs, base, "time")
+            same_time = _pooled_change(runs, base, "time")
         update_s = sorted(s for r in runs for s in r["train_s"])
+        cores = {"shared": "both", "split": "split"}[placement]
         lines.append(
-            f"| {k} | {', '.join(str(r['steps_done']) for r in runs)} | {rate:.0f} "
+            f"| {cores} | {k} | {', '.join(str(r['steps_done']) for r in runs)} | {rate:.0f} "
             f"| {min(ratios):.2f}-{max(ratios):.2f} (mean {sum(ratios) / len(ratios):.2f}) "
             f"| {loss_rate:.0f} "
             f"| {sum(t['engine_busy'] for t in totals) / len(totals):.2f} "
@@ -327,7 +336,7 @@ def report(setting: str) -> str:
         "throughput); loss tokens: those of the groups with a learning signal (degenerate "
         "groups leave the update, and more of them do as a run learns). Update s: the "
         "trainer's time per step (`perf/train_s`), over every step of every seed.",
-        "k = 0's own held-out change (after − before, paired): " + "; ".join(learned),
+        "k = 0's own held-out change on both cores (after − before, paired): " + "; ".join(learned),
     ]
     return "\n".join(lines)
 
@@ -359,8 +368,12 @@ def main() -> None:
         return
     if not args.report:
         measure(args)
-    for setting in SETTINGS if args.report else [args.setting]:
-        print(report(setting) + "\n")
+    if args.report:
+        folders = [f for s in SETTINGS for f in (s, f"{s}_split") if (RESULTS / f).is_dir()]
+    else:
+        folders = [args.setting if args.placement == "shared" else f"{args.setting}_split"]
+    for folder in folders:
+        print(report(folder) + "\n")
     if args.report:
         print(config_report("lab_async"))
 

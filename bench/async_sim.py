@@ -1,19 +1,26 @@
-"""Projected throughput of asynchronous RL (staleness bound k) over the synchronous loop (k = 0).
+"""Projected throughput of asynchronous RL (staleness bound k) against the synchronous loops.
 
 A seeded discrete-event simulation (seconds to run) that replays episode, update and weight-sync
 durations through the real admission bookkeeping, `tir_rl.rollout.buffer.AdmissionSchedule`
-(`LateGroups.WAIT`), and prints one row per k: trained groups per second, its ratio to k = 0,
-how busy the engines and the trainer are, and how far sampled tokens lag the weights they are
-trained from (never more than k).
+(`LateGroups.WAIT`), and prints one row per loop: first the colocated synchronous loop users
+run (every device samples, then every device trains), then k = 0, 1, ... with the engines and
+the trainer on separate devices. Per row: trained groups per second, its ratio to separate
+k = 0 and to colocated k = 0 (same seed), how busy the engines and the trainer are, and how far
+sampled tokens lag the weights they are trained from (never more than k).
 
     python bench/async_sim.py --scenario cpu                   # synthetic durations
     python bench/async_sim.py --scenario gpu8x8 --record run.json --ks 0,1,2 --json out.json
     python bench/async_sim.py --engines 4 --trainer-devices 4    # a pool of 4 servers
+    python bench/async_sim.py --scenario gpu8x8 --record run.json \\
+        --curve bench/engine_concurrency_records/bundled.json  # episodes share their engine
+    python bench/async_sim.py --this-machine lab    # predicted vs measured, split cores here
 
 `--record` is a JSON file: lists `episode_s`, `train_s`, `sync_s` (seconds, resampled with
 replacement) and ints `tasks_per_step`, `group_size`. Without one, synthetic durations stand
 in: episodes lognormal with median 2 s and p99 20 s (heavy-tailed, like real tool calls),
 updates lognormal with median 5 s (sigma 0.2), syncs 0.5 s flat, 8 tasks x 8 samples per step.
+`--curve` is `bench/engine_concurrency.py --json`'s output: an engine's total decode
+tokens/s at each number of sequences it runs at once.
 
 Scenarios (projections from the durations given, not measurements):
   cpu     1 inference engine, the trainer as measured, the batch as measured. It assumes the
@@ -28,19 +35,29 @@ Scenarios (projections from the durations given, not measurements):
           engines, as in gpu8x8): the pool of N servers of docs/scale.md.
 
 Assumptions:
-  - An episode's duration is drawn from the episode distribution and does not depend on the
-    load: an engine runs at most `concurrency` episodes at once (default tasks x group size,
-    what a synchronous step keeps in flight, so the measured times stay valid), the others
-    wait in one FIFO queue; a free slot goes to the least loaded engine.
+  - Without a curve an episode's duration is drawn from the episode distribution and does
+    not depend on the load. With one, the drawn duration is its work at the load it was
+    measured at (tasks x group size per engine) and the episodes on an engine share it
+    (processor sharing): each runs at the curve's per-sequence speed for the engine's
+    current load, so a step's tail of a few episodes runs faster per episode and slower in
+    all. Tool time counts as engine work too (the records do not separate it), which
+    overstates how much a lighter load speeds up a tool-heavy episode.
+  - An engine runs at most `concurrency` episodes at once (default tasks x group size, what
+    a synchronous step keeps in flight), the others wait in one FIFO queue; a free slot goes
+    to the least loaded engine.
   - A group is done when its last episode is; every group is trained on (WAIT).
-  - A step trains for train_s / train_speedup (linear scaling over trainer GPUs), then syncs
-    for sync_s; rollouts go on during both; the new weights reach every engine at once when
-    the sync ends (then `advance_clock(t + 1)`), and the trainer may take the next step.
+  - A step trains for train_s / train_speedup (linear scaling over trainer devices), then
+    syncs for sync_s; rollouts go on during both; the new weights reach every engine at once
+    when the sync ends (then `advance_clock(t + 1)`), and the trainer may take the next step.
+  - The colocated loop is k = 0 on engines + trainer devices engines (the step's batch spread
+    over all of them), whose update runs on all of them (linear scaling again) and whose
+    weight reload takes sync_s; a device never samples and trains at once, so nothing
+    contends.
   - Every step makes one optimizer update (no degenerate steps), so the trainer's version at
     step t is t, and a token's version is the engine's clock when it was sampled; each
     episode samples 8 tokens evenly spread over its duration; lag = t - token version.
-  - Durations are drawn per task index and per step from one seed, so every k replays the same
-    draws (common random numbers): a ratio is a seed's own k-vs-0 comparison.
+  - Durations are drawn per task index and per step from one seed, so every loop and k
+    replays the same draws (common random numbers): a ratio is a seed's own comparison.
   - Makespan ends when the last step's sync does; trainer busy counts training, not syncs;
     an engine is busy while at least one episode runs on it.
 """

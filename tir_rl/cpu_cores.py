@@ -13,7 +13,7 @@ from pathlib import Path
 from tir_rl.errors import ConfigError
 
 
-def parse_cpu_list(text: str, *, setting: str) -> frozenset[int]:
+def parse_cpu_list(text: str | int, *, setting: str) -> frozenset[int]:
     """`"0"`, `"0-3"` or `"0,2-3"` as a set of core ids.
 
     Raises:

