@@ -24,6 +24,7 @@ SHRINK = (
     "engine.kv_cache_gib=0.25",
     "rollout.max_tokens_per_turn=16",
     "run.steps=1",
+    "trainer.warmup_steps=0",  # a warm-up longer than the one step is refused
     "run.tasks_per_step=1",
     "run.group_size=2",
     "run.eval_tasks=1",
