@@ -367,7 +367,7 @@ class _TrainLoop:
 
     def _refuse_if_nothing_sampled(self) -> None:
         try:
-            self.update.check_sampled(self.summary.steps_done)
+            self.update.check_sampled(self.summary.steps_done - self.start_step)
         except TirError:
             self.ended_together = True  # every rank skipped the same steps and raises alike
             raise

@@ -144,15 +144,16 @@ class Update:
         self.first_error: str | None = None
         """The first episode error of the first step that sampled nothing."""
 
-    def check_sampled(self, steps_done: int) -> None:
+    def check_sampled(self, steps_run: int) -> None:
         """Refuse to end a run in which no episode of any step sampled a token.
 
         Raises:
-            TirError: `steps_done` > 0 steps ran and none had a trainable episode.
+            TirError: `steps_run` > 0 steps ran (in this process: a resumed run counts from
+                its checkpoint) and none had a trainable episode.
         """
-        if steps_done and not self.steps_with_tokens:
+        if steps_run and not self.steps_with_tokens:
             raise TirError(
-                f"No episode of this run's {steps_done} step(s) sampled a token: nothing was "
+                f"No episode of this run's {steps_run} step(s) sampled a token: nothing was "
                 f"trained. First error: {self.first_error or 'none recorded'}. Run `tir-rl "
                 "rollout --config ...` or `tir-rl doctor --config ...` to inspect the episodes."
             )
