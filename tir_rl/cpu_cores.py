@@ -7,7 +7,9 @@ train at the same time without the two slowing each other down (docs/async.md).
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from tir_rl.errors import ConfigError
@@ -77,3 +79,25 @@ def pin_process(cores: frozenset[int]) -> None:
             os.sched_setaffinity(int(task.name), cores)
         except ProcessLookupError:  # the thread ended meanwhile
             continue
+
+
+@contextlib.contextmanager
+def restored_affinity() -> Iterator[None]:
+    """Give the process back the cores and torch threads it had before the block.
+
+    A run that pins its trainer (`trainer.cpu_cores`) pins the whole process; a later run in
+    the same process (a sweep, a test) must start from every core again.
+    """
+    import torch
+
+    if not hasattr(os, "sched_getaffinity"):
+        yield
+        return
+    cores, threads = frozenset(os.sched_getaffinity(0)), torch.get_num_threads()
+    try:
+        yield
+    finally:
+        if frozenset(os.sched_getaffinity(0)) != cores:
+            pin_process(cores)
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)

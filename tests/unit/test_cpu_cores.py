@@ -48,7 +48,11 @@ def test_a_cuda_trainer_refuses_cpu_pinning(four_cores):
 _PIN_CHILD = """
 import json, os, threading, time
 from pathlib import Path
-from tir_rl.cpu_cores import pin_process
+from tir_rl.cpu_cores import pin_process, restored_affinity
+before = sorted(os.sched_getaffinity(0))
+with restored_affinity():
+    pin_process(frozenset({min(before)}))
+after_block = sorted(os.sched_getaffinity(0))
 stop = threading.Event()
 worker = threading.Thread(target=stop.wait)  # a thread that exists before the pin
 worker.start()
@@ -58,7 +62,7 @@ late = threading.Thread(target=stop.wait)  # and one started after it
 late.start()
 masks = [sorted(os.sched_getaffinity(int(t.name))) for t in Path("/proc/self/task").iterdir()]
 stop.set()
-print(json.dumps({"core": core, "masks": masks}))
+print(json.dumps({"core": core, "masks": masks, "before": before, "after": after_block}))
 """
 
 
@@ -70,3 +74,4 @@ def test_pinning_moves_every_thread_of_the_process_and_those_started_later():
     result = json.loads(out)
     assert len(result["masks"]) >= 3
     assert all(mask == [result["core"]] for mask in result["masks"]), result
+    assert result["after"] == result["before"]  # restored_affinity gave the cores back

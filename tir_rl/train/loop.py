@@ -58,6 +58,7 @@ import torch
 
 from tir_rl import distributed as tdist
 from tir_rl.config import dump, load, to_dict
+from tir_rl.cpu_cores import restored_affinity
 from tir_rl.errors import ConfigError, ParityError, TirError
 from tir_rl.mismatch.injection import MismatchInjection
 from tir_rl.report.eval_stats import bootstrap_paired_change
@@ -161,7 +162,10 @@ def _run_train(config: RunConfig, *, resume: bool) -> TrainSummary:
     started = time.perf_counter()
     loop: _TrainLoop | None = None
     try:
-        with open_runtime(config) if rank0 else contextlib.nullcontext() as runtime:
+        with (
+            restored_affinity(),  # trainer.cpu_cores pins the process for this run only
+            open_runtime(config) if rank0 else contextlib.nullcontext() as runtime,
+        ):
             loop = _TrainLoop(config, runtime, resume=resume)
             summary = loop.run()
     finally:
