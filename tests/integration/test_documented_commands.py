@@ -33,6 +33,14 @@ SHRINK = (
 )
 
 
+SHRINK_EVAL = (
+    "engine.max_model_len=2048",
+    "engine.kv_cache_gib=0.25",
+    "rollout.max_tokens_per_turn=16",
+    "run.eval_tasks=1",
+)
+
+
 def documented_command(doc: str, starts: str) -> tuple[str | None, list[str]]:
     """The first command of `doc` that starts with `starts` (after an optional `cd DIR` line
     or `VAR=value` prefix), joined over its backslash continuations: (the folder it runs
@@ -71,13 +79,42 @@ def test_the_bring_your_agent_command_trains_from_the_examples_folder(tmp_path):
     assert list(tmp_path.glob("*/metrics.jsonl")), done.stdout[-2000:]
 
 
-def test_the_bring_your_env_command_trains_from_the_root_with_its_pythonpath(tmp_path):
+def test_the_bring_your_env_check_runs_from_the_root_with_its_pythonpath():
     text = (ROOT / "docs" / "bring_your_env.md").read_text()
-    line = next(
-        ln.strip() for ln in text.splitlines() if re.match(r"\s*PYTHONPATH=\S+ tir-rl train", ln)
+    found = re.search(r'PYTHONPATH=(\S+) python -c "(.*?)"', text, flags=re.DOTALL)
+    assert found, "docs/bring_your_env.md no longer gives its check_env command"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-c", found.group(2)],
+        cwd=ROOT,
+        env=env | {"PYTHONPATH": found.group(1)},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
-    assignment, *words = shlex.split(line)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_bring_your_env_commands_train_and_evaluate_from_the_root(tmp_path):
+    text = (ROOT / "docs" / "bring_your_env.md").read_text()
+    train, evaluate = (
+        next(ln.strip() for ln in text.splitlines() if re.match(rf"\s*PYTHONPATH=\S+ {c}", ln))
+        for c in ("tir-rl train", "tir-rl eval")
+    )
+    assignment, *words = shlex.split(train)
     name, _, value = assignment.partition("=")
     done = run_documented(ROOT, words, tmp_path, {name: value})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert list(tmp_path.glob("*/metrics.jsonl")), done.stdout[-2000:]
+    (run_dir,) = [p.parent for p in tmp_path.glob("*/metrics.jsonl")]
+
+    assignment, *words = shlex.split(evaluate)
+    at = words.index("--checkpoint") + 1
+    words[at] = str(run_dir)  # the doc's runs/<name>, here under the test's out_dir
+    shrink = [a for o in SHRINK_EVAL for a in ("--set", o)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {name: value}
+    done = subprocess.run(
+        [str(TIR_RL), *words[1:], *shrink], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert list(run_dir.glob("**/eval_report.json")), done.stdout[-2000:]  # beside the model
