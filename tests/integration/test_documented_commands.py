@@ -81,13 +81,15 @@ def test_the_bring_your_agent_command_trains_from_the_examples_folder(tmp_path):
 
 def test_the_bring_your_env_check_runs_from_the_root_with_its_pythonpath():
     text = (ROOT / "docs" / "bring_your_env.md").read_text()
-    found = re.search(r'PYTHONPATH=(\S+) python -c "(.*?)"', text, flags=re.DOTALL)
+    found = re.search(r'^( *)PYTHONPATH=(\S+) python -c "(.*?)"', text, flags=re.DOTALL | re.M)
     assert found, "docs/bring_your_env.md no longer gives its check_env command"
+    indent, path, code = found.groups()  # the code block sits in a list item: drop its indent
+    code = "\n".join(line.removeprefix(indent) for line in code.splitlines())
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(
-        [sys.executable, "-c", found.group(2)],
+        [sys.executable, "-c", code],
         cwd=ROOT,
-        env=env | {"PYTHONPATH": found.group(1)},
+        env=env | {"PYTHONPATH": path},
         capture_output=True,
         text=True,
         timeout=120,
