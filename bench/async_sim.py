@@ -451,8 +451,8 @@ def this_machine(setting: str, *, both_cores: Path, one_core: Path) -> str:
             continue
         split_base = json.loads(split_base_path.read_text())
         for path in sorted(folder.glob(f"split_k*_seed{seed}.json")):
-            runs.append(("split", json.loads(path.read_text())["k"], json.loads(path.read_text()),
-                         split_base))  # fmt: skip
+            record = json.loads(path.read_text())
+            runs.append(("split", record["k"], record, split_base))
         simulated, measured = {}, {}
         for loop, k, record, durations in runs:
             work = _workload(durations, str(base_path))
