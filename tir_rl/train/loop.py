@@ -58,7 +58,7 @@ import torch
 
 from tir_rl import distributed as tdist
 from tir_rl.config import dump, load, to_dict
-from tir_rl.cpu_cores import restored_affinity
+from tir_rl.cpu_cores import available_cores, restored_affinity
 from tir_rl.errors import ConfigError, ParityError, TirError
 from tir_rl.mismatch.injection import MismatchInjection
 from tir_rl.report.eval_stats import bootstrap_paired_change
@@ -209,8 +209,8 @@ def exec_under_torchrun(
     args += ["--resume", resume] if resume else []
     for override in overrides:
         args += ["--set", override]
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (cores or 1) // nproc_per_node)))
+    cores = len(available_cores())
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // nproc_per_node)))
     command = tdist.torchrun_command(nproc_per_node, "tir_rl.cli", args)
     logger.info("running %s", " ".join(command))
     os.execv(command[0], command)
