@@ -35,8 +35,15 @@ import yaml
 
 from tir_rl.config import load
 from tir_rl.distributed import free_port
-from tir_rl.launch import pool_overrides, running_servers, server_plans, trainer_config
+from tir_rl.launch import (
+    new_run_secret,
+    pool_overrides,
+    running_servers,
+    server_plans,
+    trainer_config,
+)
 from tir_rl.run_config import RunConfig
+from tir_rl.run_secret import RunSecret
 from tir_rl.runtime import env_factory, open_runtime, task_specs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,10 +55,10 @@ ARMS = (
 )
 
 
-def prefix_counters(url: str) -> tuple[float, float]:
+def prefix_counters(url: str, key: dict[str, str]) -> tuple[float, float]:
     """(hits, queries) of the server's prefix cache so far, in tokens."""
     hits = queries = 0.0
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+    for line in httpx.get(f"{url}/metrics", headers=key, timeout=10).text.splitlines():
         if line.startswith("vllm:prefix_cache_hits_total"):
             hits += float(line.rsplit(" ", 1)[1])
         elif line.startswith("vllm:prefix_cache_queries_total"):
@@ -62,14 +69,16 @@ def prefix_counters(url: str) -> tuple[float, float]:
 def measure(
     tree_file: Path, urls: list[str], routing: str, weights: Path, args: argparse.Namespace
 ) -> dict[str, float]:
-    overrides = [*pool_overrides(urls, str(weights)), f"engine.http.routing={routing}"]
+    key_file = weights.parent / "secret"
+    key = {"Authorization": RunSecret.read(key_file).authorization}
+    overrides = [*pool_overrides(urls, str(weights), key_file), f"engine.http.routing={routing}"]
     if len(urls) == 1:  # one server is a pool of one (the same code path)
         overrides = [o for o in overrides if not o.startswith("engine.http.routing")]
     config = load(RunConfig, tree_file, overrides)
     with open_runtime(config) as runtime:
         for url in urls:
-            httpx.post(f"{url}/reset_prefix_cache", timeout=30).raise_for_status()
-        before = [prefix_counters(u) for u in urls]
+            httpx.post(f"{url}/reset_prefix_cache", headers=key, timeout=30).raise_for_status()
+        before = [prefix_counters(u, key) for u in urls]
         env = env_factory(config.env, config.env.train_split)
         specs = task_specs(
             env, num_tasks=args.tasks, group_size=args.group, seed_of=lambda i: args.seed + i
@@ -77,7 +86,7 @@ def measure(
         t0 = time.perf_counter()
         trajectories = runtime.run_episodes(specs)
         wall = time.perf_counter() - t0
-        after = [prefix_counters(u) for u in urls]
+        after = [prefix_counters(u, key) for u in urls]
     hits = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
     queries = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
     tokens = sum(t.num_model_tokens for t in trajectories)
@@ -100,7 +109,7 @@ def main() -> None:
     plans = server_plans(config, [free_port(), free_port()], work)
     urls = [p.url for p in plans]
     results: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in ARMS}
-    with running_servers(plans):
+    with running_servers(plans, new_run_secret(work)):
         for round_index in range(args.rounds):
             for name, servers, routing in ARMS:
                 r = measure(tree_file, urls[:servers], routing, work / "weights", args)

@@ -45,12 +45,34 @@ def warm_cells(pool: WarmPool, n: int) -> list[float]:
 
 
 def cold_docker(cfg: DockerBackend.Config, n: int) -> list[float]:
-    cmd = ["docker", "run", "--rm", "--init", "--read-only", "--user", cfg.user,
-           "--memory", f"{cfg.memory_mb}m", "--memory-swap", f"{cfg.memory_mb}m",
-           "--pids-limit", str(cfg.pids_limit), "--cpus", str(cfg.cpus), "--cap-drop", "ALL",
-           "--security-opt", "no-new-privileges",
-           "--tmpfs", f"/tmp:rw,nosuid,nodev,size={cfg.tmpfs_mb}m,mode=1777",
-           cfg.image, "python3", "-I", "-c", "x = 1\nx += 1"]
+    cmd = [
+        "docker",
+        "run",
+        "--rm",
+        "--init",
+        "--read-only",
+        "--user",
+        cfg.user,
+        "--memory",
+        f"{cfg.memory_mb}m",
+        "--memory-swap",
+        f"{cfg.memory_mb}m",
+        "--pids-limit",
+        str(cfg.pids_limit),
+        "--cpus",
+        str(cfg.cpus),
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges",
+        "--tmpfs",
+        f"/tmp:rw,nosuid,nodev,size={cfg.tmpfs_mb}m,mode=1777",
+        cfg.image,
+        "python3",
+        "-I",
+        "-c",
+        "x = 1\nx += 1",
+    ]
     times = []
     for _ in range(n):
         began = time.perf_counter()
@@ -145,10 +167,20 @@ def bench_backend(name: str, make_pool, cold, args, rows: list[tuple[str, str, s
         warm = warm_cells(pool, args.cells)
         cold_times = cold(args.cold)
         warm_med, cold_med = statistics.median(warm), statistics.median(cold_times)
-        rows.append((f"{name}: warm cell median / p99", f"{warm_med * 1e3:.2f} ms / "
-                     f"{pct(warm, 0.99) * 1e3:.2f} ms", "target < 5 ms median"))
-        rows.append((f"{name}: cold start per call, median", f"{cold_med * 1e3:.1f} ms",
-                     f"{cold_med / warm_med:.0f}x the warm cell (target >= 30x)"))
+        rows.append(
+            (
+                f"{name}: warm cell median / p99",
+                f"{warm_med * 1e3:.2f} ms / {pct(warm, 0.99) * 1e3:.2f} ms",
+                "target < 5 ms median",
+            )
+        )
+        rows.append(
+            (
+                f"{name}: cold start per call, median",
+                f"{cold_med * 1e3:.1f} ms",
+                f"{cold_med / warm_med:.0f}x the warm cell (target >= 30x)",
+            )
+        )
     finally:
         pool.close()
     # One killer leaves the second core to the bystander: what is measured is the kill and
@@ -157,24 +189,43 @@ def bench_backend(name: str, make_pool, cold, args, rows: list[tuple[str, str, s
     try:
         baseline = warm_cells(pool, 200)
         stalled, num_killed = kill_stall(pool, args.kill_seconds, num_killers=1)
-        rows.append((f"{name}: bystander p50 / max while {num_killed} sandboxes were killed",
-                     f"{statistics.median(stalled) * 1e3:.2f} / {max(stalled) * 1e3:.1f} ms",
-                     f"p50 {statistics.median(stalled) / statistics.median(baseline):.1f}x idle,"
-                     f" max {max(stalled) * 1e3:.0f} ms (no stall if << 1 s)"))
+        rows.append(
+            (
+                f"{name}: bystander p50 / max while {num_killed} sandboxes were killed",
+                f"{statistics.median(stalled) * 1e3:.2f} / {max(stalled) * 1e3:.1f} ms",
+                f"p50 {statistics.median(stalled) / statistics.median(baseline):.1f}x idle,"
+                f" max {max(stalled) * 1e3:.0f} ms (no stall if << 1 s)",
+            )
+        )
     finally:
         pool.close()
     single = None
     for n in (1, 8, 32):
         rate, elapsed = throughput(lambda n=n: make_pool(max(n, 1)), n, args.calls)
         single = single or rate
-        rows.append((f"{name}: {n} episodes x {args.calls} calls (warm pool {n})",
-                     f"{rate:.0f} calls/s", f"{rate / single:.2f}x of N=1 ({elapsed:.2f} s)"))
+        rows.append(
+            (
+                f"{name}: {n} episodes x {args.calls} calls (warm pool {n})",
+                f"{rate:.0f} calls/s",
+                f"{rate / single:.2f}x of N=1 ({elapsed:.2f} s)",
+            )
+        )
     rate, elapsed = throughput(lambda: make_pool(8), 32, args.calls)
-    rows.append((f"{name}: 32 episodes x {args.calls} calls (pool 8, refilling)",
-                 f"{rate:.0f} calls/s", f"{rate / single:.2f}x of N=1 ({elapsed:.2f} s)"))
+    rows.append(
+        (
+            f"{name}: 32 episodes x {args.calls} calls (pool 8, refilling)",
+            f"{rate:.0f} calls/s",
+            f"{rate / single:.2f}x of N=1 ({elapsed:.2f} s)",
+        )
+    )
     rate = refill_rate(make_pool, 16)
-    rows.append((f"{name}: pool refill (16 from empty)", f"{rate:.1f} sandboxes/s",
-                 f"{1 / rate * 1e3:.0f} ms per sandbox amortised"))
+    rows.append(
+        (
+            f"{name}: pool refill (16 from empty)",
+            f"{rate:.1f} sandboxes/s",
+            f"{1 / rate * 1e3:.0f} ms per sandbox amortised",
+        )
+    )
 
 
 def main() -> None:
@@ -198,6 +249,7 @@ def main() -> None:
 
     bench_backend("docker", docker_pool, lambda n: cold_docker(docker.config, n), args, rows)
     if not args.no_bwrap and shutil.which("bwrap"):
+
         def bwrap_pool(size: int, hard_grace_s: float = 2.0) -> WarmPool:
             config = BwrapBackend.Config(pool_size=size, hard_grace_s=hard_grace_s)
             return BwrapBackend(config=config).make_pool()

@@ -34,7 +34,7 @@ from tir_rl.engine.parity import probe_ids_from_text, probe_parity
 from tir_rl.engine.transfer import WeightTransfer
 from tir_rl.engine.vllm_http import VLLMHttpEngine, serve_command
 from tir_rl.engine.vllm_local import VLLMLocalEngine
-from tir_rl.launch import ServerPlan, running_servers
+from tir_rl.launch import ServerPlan, new_run_secret, running_servers
 from tir_rl.models import resolve_model
 
 TRANSFERS = (WeightTransfer.FILE, WeightTransfer.GLOO)
@@ -49,13 +49,20 @@ def perturb(model: torch.nn.Module, base: list[torch.Tensor], seed: int) -> dict
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def measure(url: str, work: Path, hf: torch.nn.Module, probe: list[int], rounds: int):
+def measure(
+    url: str, key_file: Path, work: Path, hf: torch.nn.Module, probe: list[int], rounds: int
+):
     """Seconds per update of each transfer, alternated round by round on the server at `url`."""
     base = [p.detach().clone() for p in hf.parameters()]
     seconds: dict[WeightTransfer, list[float]] = {t: [] for t in TRANSFERS}
     engines = {
         t: VLLMHttpEngine(
-            VLLMHttpEngine.Config(base_url=url, weight_transfer=t, weights_dir=str(work / "w"))
+            VLLMHttpEngine.Config(
+                base_url=url,
+                api_key_file=str(key_file),
+                weight_transfer=t,
+                weights_dir=str(work / "w"),
+            )
         )
         for t in TRANSFERS
     }
@@ -121,8 +128,9 @@ def main() -> None:
         log=work / "server.log",
     )
     try:
-        with running_servers([plan]):
-            seconds = measure(plan.url, work, hf, probe, args.rounds)
+        key_file = new_run_secret(work)
+        with running_servers([plan], key_file):
+            seconds = measure(plan.url, key_file, work, hf, probe, args.rounds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     text = table(path.name, params, args.rounds, seconds)

@@ -14,6 +14,7 @@ config trains it.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,9 @@ import gymnasium
 
 from tir_rl.envs.episode import Split, Task, task_index
 from tir_rl.errors import ConfigError, EnvironmentSpecError
+
+ENDPOINT_KEY_ENV = "TIR_RL_ENDPOINT_KEY"
+"""The variable that gives a `CommandAgentEnv` command the endpoint's API key."""
 
 __all__ = ["AgentEnv", "CommandAgentEnv"]
 
@@ -104,7 +108,9 @@ class CommandAgentEnv(AgentEnv):
     For each episode tir-rl runs `Config.command` with ``{base_url}``, ``{split}`` and
     ``{index}`` replaced (the episode's OpenAI base URL, the split, the task index), and also
     writes those three as a JSON object to its standard input. The command owns its tasks
-    (``index`` picks one of the split's), talks to the model only through the base URL, and
+    (``index`` picks one of the split's), talks to the model only through the base URL with
+    the API key tir-rl puts in its environment (``TIR_RL_ENDPOINT_KEY``, and
+    ``OPENAI_API_KEY`` for clients that read that), and
     prints its reward on the last line of its standard output: a number, or a JSON object
     with a ``"reward"`` key. A non-zero exit status or a last line that is not a reward ends
     the episode with `error_agent`, with the end of its standard error in the message. The
@@ -145,8 +151,10 @@ class CommandAgentEnv(AgentEnv):
             "index": str(task.data["index"]),
         }
         argv = [_substitute(arg, values) for arg in self.config.command]
+        key = str(client.api_key)  # in the environment, never on the command line
         proc = await asyncio.create_subprocess_exec(
             *argv,
+            env={**os.environ, ENDPOINT_KEY_ENV: key, "OPENAI_API_KEY": key},
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,

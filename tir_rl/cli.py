@@ -214,21 +214,27 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from tir_rl.config import load
     from tir_rl.endpoint import EndpointServer
     from tir_rl.run_config import RunConfig
+    from tir_rl.run_secret import RunSecret
     from tir_rl.runtime import open_runtime
 
     config = load(RunConfig, args.config, args.set)
+    secret_file = Path(args.secret_file) if args.secret_file else config.run_dir / "serve.secret"
+    secret = RunSecret.generate()
+    secret.write(secret_file)
     _route_library_output(args, _command_log("serve"))
     # Python leaves Ctrl-C ignored when its launcher ignored it (a script's background job);
     # the server is stopped with it, so take it back.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     with open_runtime(config) as runtime:
         endpoint = runtime.rollout.chat_endpoint()
-        with EndpointServer(endpoint, host=args.host, port=args.port) as server:
+        with EndpointServer(endpoint, host=args.host, port=args.port, secret=secret) as server:
             print(
                 f"serving {runtime.model_path} ({endpoint.chat_format(()).name.value} chat "
                 f"format, temperature {endpoint.config.temperature}) at {server.url}/v1\n"
                 f"record an episode: base_url={server.url}/episodes/<id>/v1; its samples: "
                 f'POST {server.url}/episodes/<id>/finish {{"reward": r}}\n'
+                f"every call needs this server's API key, in {secret_file} (mode 600): "
+                "Authorization: Bearer <key>\n"
                 "Ctrl-C stops it",
                 flush=True,
             )
@@ -529,16 +535,20 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="serve the config's model as an OpenAI-compatible endpoint that records tokens",
         epilog="examples:\n  tir-rl serve --config configs/quickstart.yaml --port 8000\n"
-        "  then: OpenAI(base_url='http://127.0.0.1:8000/episodes/ep1/v1', api_key='-')\n"
+        "  then: OpenAI(base_url='http://127.0.0.1:8000/episodes/ep1/v1',\n"
+        "               api_key=open('runs/<name>/serve.secret').read().strip())\n"
         "see docs/bring_your_agent.md\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", required=True, help="YAML run config (model, engine, chat, rollout)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
-    p.add_argument(
-        "--host", default="127.0.0.1", help="interface (no authentication: keep it local)"
-    )
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on")
     p.add_argument("--port", type=int, default=8000, help="port (0: a free one)")
+    p.add_argument(
+        "--secret-file",
+        help="where to write the API key every caller must send, mode 600 (default: "
+        "<run dir>/serve.secret; a new key each start)",
+    )
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser(

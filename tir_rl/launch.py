@@ -13,6 +13,11 @@ a config whose engine is the pool of those servers (`engine.kind: http`,
   folder must be on a file system every node mounts at the same path, with `nccl` the
   weights go from the trainer's node to the servers' GPUs over NCCL.
 
+Every server asks for the run's secret on every route (`tir_rl.run_secret`,
+`tir_rl.engine.server_guard`): the launch writes a fresh one to `<run dir>/launch/secret`
+(mode 600; on Slurm, when the job starts), hands the servers its path in
+`TIR_RL_RUN_SECRET_FILE` and the trainer in `engine.http.api_key_file`.
+
 Why torchrun, `vllm serve` and Slurm rather than Ray: docs/design.md ("Scaling out").
 """
 
@@ -37,6 +42,7 @@ from tir_rl.engine.choice import HTTP_KEYS, EngineKind
 from tir_rl.engine.vllm_http import serve_command
 from tir_rl.errors import ConfigError, EngineError
 from tir_rl.run_config import RunConfig
+from tir_rl.run_secret import SECRET_FILE_ENV, SECRET_FILE_NAME, RunSecret
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +70,8 @@ class LaunchPlan:
     train_command: list[str]
     """`tir-rl train` on the trainer's config, the pool's addresses given with `--set`."""
     weights_dir: Path
+    secret_file: Path
+    """The run's secret (mode 600): the servers ask every caller for it."""
 
 
 def trainer_config(config: RunConfig) -> dict[str, Any]:
@@ -85,13 +93,27 @@ def trainer_config(config: RunConfig) -> dict[str, Any]:
     return tree
 
 
-def pool_overrides(urls: Sequence[str], weights_dir: str) -> list[str]:
-    """The `--set` values that point the trainer at the pool."""
+def pool_overrides(urls: Sequence[str], weights_dir: str, secret_file: Path) -> list[str]:
+    """The `--set` values that point the trainer at the pool and give it the run's secret."""
     return [
         "engine.kind=http",
         f"engine.http.base_urls=[{','.join(urls)}]",
         f"engine.weights_dir={weights_dir}",
+        f"engine.http.api_key_file={secret_file}",
     ]
+
+
+def launch_folder(config: RunConfig) -> Path:
+    """`<run dir>/launch`, created readable by its owner only (it holds the secret)."""
+    folder = config.run_dir / LAUNCH_DIR
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder.chmod(0o700)
+    return folder
+
+
+def new_run_secret(folder: Path) -> Path:
+    """Write a fresh secret to `folder/secret` (mode 600) and return the file."""
+    return RunSecret.generate().write(folder / SECRET_FILE_NAME)
 
 
 def server_plans(config: RunConfig, ports: Sequence[int], log_dir: Path) -> list[ServerPlan]:
@@ -123,17 +145,19 @@ def plan_local_launch(
 
     if servers < 1 or len(ports) != servers:
         raise ConfigError(f"tir-rl launch --servers {servers}: give at least 1 (one port each)")
-    folder = config.run_dir / LAUNCH_DIR
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = launch_folder(config)
+    secret_file = new_run_secret(folder)
     train_yaml = folder / TRAIN_CONFIG
     train_yaml.write_text(yaml.safe_dump(trainer_config(config), sort_keys=False))
     plans = server_plans(config, ports, folder)
     train = [sys.executable, "-m", "tir_rl.cli", "train", "--config", str(train_yaml)]
-    for override in pool_overrides([p.url for p in plans], str(weights_dir)):
+    for override in pool_overrides([p.url for p in plans], str(weights_dir), secret_file):
         train += ["--set", override]
     if nproc_per_node > 1:
         train += ["--nproc-per-node", str(nproc_per_node)]
-    return LaunchPlan(servers=plans, train_command=train, weights_dir=weights_dir)
+    return LaunchPlan(
+        servers=plans, train_command=train, weights_dir=weights_dir, secret_file=secret_file
+    )
 
 
 def launch_local(plan: LaunchPlan) -> int:
@@ -144,7 +168,7 @@ def launch_local(plan: LaunchPlan) -> int:
     Raises:
         EngineError: a server exited or did not become healthy (the others are stopped).
     """
-    with running_servers(plan.servers):
+    with running_servers(plan.servers, plan.secret_file):
         logger.info("%d servers up; training", len(plan.servers))
         trainer = subprocess.Popen(plan.train_command)
         try:
@@ -154,17 +178,26 @@ def launch_local(plan: LaunchPlan) -> int:
 
 
 @contextlib.contextmanager
-def running_servers(servers: Sequence[ServerPlan]) -> Iterator[list[subprocess.Popen]]:
+def running_servers(
+    servers: Sequence[ServerPlan], secret_file: Path
+) -> Iterator[list[subprocess.Popen]]:
     """Start `servers`, wait until each answers `/health`, stop them all on exit.
 
     They run in process groups of their own (a terminal's Ctrl-C reaches the trainer, not
-    them), which get SIGTERM on exit, then SIGKILL for whatever is left after 30 s.
+    them), which get SIGTERM on exit, then SIGKILL for whatever is left after 30 s. Each
+    asks every caller for the secret in `secret_file`.
 
     Raises:
+        ConfigError: `secret_file` is not a valid secret file.
         EngineError: a server exited or did not become healthy (the others are stopped).
     """
+    secret = RunSecret.read(secret_file)
     started: list[tuple[ServerPlan, subprocess.Popen]] = []
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # weight reloads over HTTP
+    env = {
+        **os.environ,
+        "VLLM_SERVER_DEV_MODE": "1",  # weight reloads over HTTP, behind the run's secret
+        SECRET_FILE_ENV: str(secret_file),
+    }
     try:
         for server in servers:
             logger.info("starting %s: %s", server.url, shlex.join(server.command))
@@ -178,16 +211,17 @@ def running_servers(servers: Sequence[ServerPlan]) -> Iterator[list[subprocess.P
                 )
             started.append((server, proc))
         for server, proc in started:
-            _wait_healthy(server, proc)
+            _wait_healthy(server, proc, secret)
         yield [proc for _, proc in started]
     finally:
         for _, proc in started:
             _stop(proc)
 
 
-def _wait_healthy(server: ServerPlan, proc: subprocess.Popen) -> None:
+def _wait_healthy(server: ServerPlan, proc: subprocess.Popen, secret: RunSecret) -> None:
     import httpx
 
+    headers = {"Authorization": secret.authorization}
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -196,8 +230,14 @@ def _wait_healthy(server: ServerPlan, proc: subprocess.Popen) -> None:
                 f"starting; its log is {server.log}"
             )
         try:
-            if httpx.get(f"{server.url}/health", timeout=2.0).status_code == 200:
+            status = httpx.get(f"{server.url}/health", headers=headers, timeout=2.0).status_code
+            if status == 200:
                 return
+            if status == 401:
+                raise EngineError(
+                    f"vllm serve for {server.url} refused the run's secret: is another "
+                    f"server already listening on that port? Its log is {server.log}"
+                )
         except httpx.HTTPError:
             pass
         time.sleep(1.0)
@@ -265,6 +305,8 @@ def slurm_script(
         weights = '--set "engine.transfer_address=${nodes[0]}"'
     else:
         weights = f"--set engine.weights_dir={shlex.quote(weights_dir)}"
+    secret_file = shlex.quote(str(logs / SECRET_FILE_NAME))
+    new_secret = shlex.join([python, "-m", "tir_rl.run_secret"])
     return f"""#!/bin/bash
 #SBATCH --job-name=tir-rl-{config.run.name}
 #SBATCH --nodes={servers + 1}
@@ -273,21 +315,27 @@ def slurm_script(
 #SBATCH --output={logs}/slurm-%j.out
 # Written by `tir-rl launch --emit slurm`. Node 0 trains; nodes 1..{servers} serve the model.
 set -euo pipefail
+umask 077
 mkdir -p {shlex.quote(str(logs))}
+# The run's secret: a fresh one per job, mode 600; the servers ask every caller for it.
+{new_secret} {secret_file}
 mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 servers=("${{nodes[@]:1}}")
 urls=()
 for host in "${{servers[@]}}"; do
-    srun --nodes=1 --ntasks=1 -w "$host" env VLLM_SERVER_DEV_MODE=1 {serve} \\
+    srun --nodes=1 --ntasks=1 -w "$host" \\
+        env VLLM_SERVER_DEV_MODE=1 {SECRET_FILE_ENV}={secret_file} {serve} \\
         > {shlex.quote(str(logs))}/server-"$host".log 2>&1 &
     urls+=("http://$host:{port}")
 done
 trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
+# The header comes from a file descriptor: the secret never appears on a command line.
 for url in "${{urls[@]}}"; do
-    until curl -sf "$url/health" > /dev/null; do sleep 5; done
+    until curl -sf -H @<(printf 'Authorization: Bearer %s\\n' "$(< {secret_file})") \\
+        "$url/health" > /dev/null; do sleep 5; done
 done
 joined=$(IFS=,; echo "${{urls[*]}}")
 srun --nodes=1 --ntasks=1 -w "${{nodes[0]}}" {train} \\
     --set engine.kind=http --set "engine.http.base_urls=[$joined]" \\
-    {weights}
+    --set engine.http.api_key_file={secret_file} {weights}
 """

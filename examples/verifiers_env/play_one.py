@@ -67,7 +67,7 @@ async def play(args: argparse.Namespace) -> dict:
     tasks = list(env.taskset)
     if not 0 <= args.index < len(tasks):
         raise SystemExit(f"task index {args.index} is outside the split's {len(tasks)} tasks")
-    # The endpoint needs no key; the model name is not checked.
+    # tir-rl puts the endpoint's key in TIR_RL_ENDPOINT_KEY; the model name is not checked.
     client = vf.EvalClientConfig(base_url=args.base_url, api_key_var="TIR_RL_ENDPOINT_KEY")
     context = vf.ModelContext(model="policy", client=client)
     async with env.serving():

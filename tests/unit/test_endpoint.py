@@ -220,7 +220,7 @@ def test_the_official_openai_client_talks_to_the_server_and_the_episode_is_finis
     openai = pytest.importorskip("openai")
     endpoint, _ = endpoint_with(tokenizer, f"Checking.\n{CALL}", "Ada is a name.")
     with EndpointServer(endpoint) as server:
-        client = openai.OpenAI(base_url=server.episode_base_url("ep-1"), api_key="none")
+        client = openai.OpenAI(base_url=server.episode_base_url("ep-1"), api_key=server.api_key)
         assert [m.id for m in client.models.list().data] == ["fake-model"]
         question = [{"role": "user", "content": "What is ada?"}]
         first = client.chat.completions.create(model="any", messages=question, tools=TOOLS)
@@ -238,14 +238,16 @@ def test_the_official_openai_client_talks_to_the_server_and_the_episode_is_finis
 
         import httpx
 
-        recorded = httpx.get(f"{server.url}/episodes/ep-1").json()["calls"]
+        key = {"Authorization": f"Bearer {server.api_key}"}
+        recorded = httpx.get(f"{server.url}/episodes/ep-1", headers=key).json()["calls"]
         assert [c["extends_call"] for c in recorded] == [None, [0, 0]]
-        finished = httpx.post(f"{server.url}/episodes/ep-1/finish", json={"reward": 1}).json()
+        finish = f"{server.url}/episodes/ep-1/finish"
+        finished = httpx.post(finish, json={"reward": 1}, headers=key).json()
         (sample,) = finished["samples"]
         assert sample["reward"] == 1.0 and sum(sample["loss_mask"]) == sum(
             len(c["completion_ids"]) for c in recorded
         )
-        gone = httpx.post(f"{server.url}/episodes/ep-1/finish", json={"reward": 1})
+        gone = httpx.post(finish, json={"reward": 1}, headers=key)
         assert gone.status_code == 404 and "no call was recorded" in gone.text
 
 
@@ -253,7 +255,7 @@ def test_a_streamed_request_gets_the_recorded_completion_as_chunks(tokenizer):
     openai = pytest.importorskip("openai")
     endpoint, _ = endpoint_with(tokenizer, f"Checking.\n{CALL}", "Ada is a name.")
     with EndpointServer(endpoint) as server:
-        client = openai.OpenAI(base_url=server.episode_base_url("ep-s"), api_key="none")
+        client = openai.OpenAI(base_url=server.episode_base_url("ep-s"), api_key=server.api_key)
         question = [{"role": "user", "content": "What is ada?"}]
         with client.chat.completions.stream(
             model="any",
@@ -307,9 +309,10 @@ def test_without_an_episode_path_the_headers_name_the_episode(tokenizer):
     body = {"messages": [{"role": "user", "content": "Hi."}]}
     with EndpointServer(endpoint) as server:
         url = f"{server.url}/v1/chat/completions"
-        named = httpx.post(url, json=body, headers={"X-Episode-Id": "ep-x"})
-        session = httpx.post(url, json=body, headers={"X-Session-ID": "rollout-7"})
-        fresh = httpx.post(url, json=body)
+        key = {"Authorization": f"Bearer {server.api_key}"}
+        named = httpx.post(url, json=body, headers={"X-Episode-Id": "ep-x", **key})
+        session = httpx.post(url, json=body, headers={"X-Session-ID": "rollout-7", **key})
+        fresh = httpx.post(url, json=body, headers=key)
     assert named.headers["x-episode-id"] == "ep-x"
     assert session.headers["x-episode-id"] == "rollout-7"
     assert len(endpoint.recorder.calls("rollout-7")) == 1
@@ -317,3 +320,30 @@ def test_without_an_episode_path_the_headers_name_the_episode(tokenizer):
     assert sorted(endpoint.recorder.episode_ids) == sorted(
         ["ep-x", "rollout-7", fresh.headers["x-episode-id"]]
     )
+
+
+def test_every_route_refuses_a_caller_without_the_server_s_key(tokenizer):
+    import httpx
+
+    endpoint, _ = endpoint_with(tokenizer, "Recorded.")
+    body = {"messages": [{"role": "user", "content": "Hi."}]}
+    with EndpointServer(endpoint) as server:
+        complete(endpoint, "kept", messages=[{"role": "user", "content": "Hi."}])
+        routes = [
+            ("POST", "/v1/chat/completions", body),
+            ("POST", "/episodes/e1/v1/chat/completions", body),
+            ("GET", "/v1/models", None),
+            ("GET", "/episodes/e1/v1/models", None),
+            ("GET", "/episodes/kept", None),
+            ("POST", "/episodes/kept/finish", {"reward": 1}),
+            ("GET", "/health", None),
+        ]
+        for wrong in ({}, {"Authorization": "Bearer not-the-key"}, {"Authorization": "x"}):
+            for method, path, json_body in routes:
+                answer = httpx.request(method, server.url + path, json=json_body, headers=wrong)
+                assert answer.status_code == 401, (method, path, wrong, answer.text)
+        key = {"Authorization": f"Bearer {server.api_key}"}
+        assert httpx.get(f"{server.url}/health", headers=key).status_code == 200
+    # Nothing was sampled, recorded or taken by the refused calls.
+    assert sorted(endpoint.recorder.episode_ids) == ["kept"]
+    assert len(endpoint.recorder.calls("kept")) == 1

@@ -31,6 +31,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "config",
             "process_owner",
             "cpu_cores",
+            "run_secret",
             "console",
             "metric",
             "models",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -11,9 +12,11 @@ import yaml
 
 from tir_rl.config import load
 from tir_rl.engine.choice import EngineKind
+from tir_rl.engine.server_guard import SERVER_GUARD
 from tir_rl.errors import ConfigError
 from tir_rl.launch import plan_local_launch, pool_overrides, slurm_script, trainer_config
 from tir_rl.run_config import RunConfig
+from tir_rl.run_secret import RunSecret
 
 LOCAL = [
     "model=tiny",
@@ -41,9 +44,17 @@ def test_servers_get_the_local_engine_flags_and_the_trainer_gets_the_pool(tmp_pa
     cmd = plan.train_command
     train_yaml = Path(cmd[cmd.index("--config") + 1])
     sets = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--set"]
-    assert sets == pool_overrides([s.url for s in plan.servers], str(tmp_path / "w"))
+    urls = [s.url for s in plan.servers]
+    assert sets == pool_overrides(urls, str(tmp_path / "w"), plan.secret_file)
     trainer = load(RunConfig, train_yaml, sets)  # what the trainer process loads
     assert trainer.engine.kind is EngineKind.HTTP
+    # The run's secret: owner-only, in an owner-only folder, given to the trainer by path.
+    assert plan.secret_file.parent == config.run_dir / "launch"
+    assert stat.S_IMODE(plan.secret_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(plan.secret_file.parent.stat().st_mode) == 0o700
+    assert trainer.engine.http.api_key_file == str(plan.secret_file)
+    assert RunSecret.read(plan.secret_file).value not in " ".join(cmd + flags)
+    assert "--middleware" in flags and SERVER_GUARD in flags
     assert trainer.engine.server_urls() == [s.url for s in plan.servers]
     assert trainer.engine.dtype == "float32"
     assert trainer.run == config.run and trainer.trainer == config.trainer
@@ -68,7 +79,8 @@ def test_a_config_on_servers_someone_else_started_is_refused(tmp_path):
     tree = trainer_config(config)
     path = tmp_path / "http.yaml"
     path.write_text(yaml.safe_dump(tree))
-    http = load(RunConfig, path, pool_overrides(["http://127.0.0.1:1"], "/dev/shm/w"))
+    overrides = pool_overrides(["http://127.0.0.1:1"], "/dev/shm/w", tmp_path / "secret")
+    http = load(RunConfig, path, overrides)
     with pytest.raises(ConfigError, match="starts the servers itself"):
         trainer_config(http)
 
@@ -79,7 +91,12 @@ def test_the_slurm_script_trains_on_node_0_and_serves_on_the_others(tmp_path):
         config, tmp_path / "train.yaml", servers=3, weights_dir="/shared/w", nproc_per_node=4
     )
     assert "#SBATCH --nodes=4" in script
-    assert "env VLLM_SERVER_DEV_MODE=1" in script and "--host 0.0.0.0" in script
+    assert "env VLLM_SERVER_DEV_MODE=1 TIR_RL_RUN_SECRET_FILE=" in script
+    assert "--host 0.0.0.0" in script and f"--middleware {SERVER_GUARD}" in script
+    secret_file = config.run_dir / "launch" / "secret"
+    assert f"-m tir_rl.run_secret {secret_file}" in script  # a fresh secret per job
+    assert f"--set engine.http.api_key_file={secret_file}" in script
+    assert "umask 077" in script
     assert '--set "engine.http.base_urls=[$joined]"' in script
     assert "--set engine.weights_dir=/shared/w" in script
     assert f"train --config {tmp_path / 'train.yaml'} --nproc-per-node 4" in script

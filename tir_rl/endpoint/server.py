@@ -16,6 +16,10 @@ Routes:
   hands its episodes to a trainer.
 - `GET /health`.
 
+Every route asks for the server's secret (`Authorization: Bearer <secret>`, the OpenAI
+client's `api_key`): a request without it gets 401 (`tir_rl.run_secret`). Loopback is no
+boundary on a shared machine, so the endpoint has no unauthenticated mode.
+
 `EndpointServer` runs the app in a daemon thread (its own event loop) on a free port, for
 a harness in the same process; `tir-rl serve` runs it in the foreground.
 """
@@ -33,6 +37,7 @@ from tir_rl.endpoint.recorder import UnknownEpisodeError
 from tir_rl.endpoint.samples import samples_from_calls
 from tir_rl.endpoint.streaming import completion_chunks, sse_events
 from tir_rl.errors import SetupError, TirError
+from tir_rl.run_secret import RunSecret, RunSecretMiddleware
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -49,10 +54,11 @@ SESSION_HEADER = "x-session-id"
 when no `X-Episode-Id` is given."""
 
 
-def build_app(endpoint: ChatEndpoint) -> Starlette:
-    """The ASGI app serving `endpoint`."""
+def build_app(endpoint: ChatEndpoint, secret: RunSecret) -> Starlette:
+    """The ASGI app serving `endpoint` to callers that send `secret`."""
     try:
         from starlette.applications import Starlette
+        from starlette.middleware import Middleware
         from starlette.responses import JSONResponse, StreamingResponse
         from starlette.routing import Route
     except ImportError as exc:  # pragma: no cover (vLLM brings starlette)
@@ -126,7 +132,8 @@ def build_app(endpoint: ChatEndpoint) -> Starlette:
             Route("/episodes/{episode_id}", episode, methods=["GET"]),
             Route("/episodes/{episode_id}/finish", finish, methods=["POST"]),
             Route("/health", health, methods=["GET"]),
-        ]
+        ],
+        middleware=[Middleware(RunSecretMiddleware, secret=secret)],
     )
 
 
@@ -135,16 +142,29 @@ class EndpointServer:
 
     Args:
         endpoint: What to serve.
-        host: Interface to bind (loopback by default: the endpoint has no authentication).
+        host: Interface to bind.
         port: 0 picks a free port (`url` tells which).
+        secret: What callers must send as their API key; None generates one (`api_key`).
     """
 
-    def __init__(self, endpoint: ChatEndpoint, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        endpoint: ChatEndpoint,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        secret: RunSecret | None = None,
+    ) -> None:
         import uvicorn
 
         self.endpoint = endpoint
+        self._secret = secret if secret is not None else RunSecret.generate()
         config = uvicorn.Config(
-            build_app(endpoint), host=host, port=port, log_level="warning", lifespan="off"
+            build_app(endpoint, self._secret),
+            host=host,
+            port=port,
+            log_level="warning",
+            lifespan="off",
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
@@ -162,6 +182,11 @@ class EndpointServer:
         bound_host, bound_port = sockets[0].getsockname()[:2]
         self.url = f"http://{bound_host}:{bound_port}"
         """The server's root URL (`<url>/v1` is an OpenAI base URL)."""
+
+    @property
+    def api_key(self) -> str:
+        """The secret callers send (an OpenAI client's `api_key`)."""
+        return self._secret.value
 
     def episode_base_url(self, episode_id: str) -> str:
         """The OpenAI base URL that records under `episode_id`."""

@@ -53,6 +53,7 @@ from tir_rl.engine.base import (
     truncate_at_stop_sequence,
 )
 from tir_rl.engine.pool import Routing
+from tir_rl.engine.server_guard import SERVER_GUARD, WEIGHTS_DIGEST_HEADER
 from tir_rl.engine.transfer import (
     TransferRound,
     WeightTransfer,
@@ -61,6 +62,7 @@ from tir_rl.engine.transfer import (
 )
 from tir_rl.engine.weights_io import PublishedWeights, check_published, publish_state_dict
 from tir_rl.errors import ConfigError, EngineError, EngineUnavailableError
+from tir_rl.run_secret import RunSecret
 
 if TYPE_CHECKING:
     import httpx
@@ -92,8 +94,12 @@ class ServerAddress:
     that buys, `least_loaded` or `random` (episodes ignored). Only with `base_urls`."""
     served_model_name: str | None = None
     """The server's `--served-model-name`; None accepts the server's only model."""
+    api_key_file: str | None = None
+    """File holding the servers' bearer token (the run's secret, `tir_rl.run_secret`), only
+    its owner may read it. `tir-rl launch` sets it to the secret it gave its servers."""
     api_key: str | None = None
-    """Bearer token if the server was started with `--api-key`."""
+    """Bearer token given inline, for a server started with `--api-key` by someone else; it
+    is written to the run's config.yaml, so prefer `api_key_file`."""
     timeout_s: float = 600.0
     """Longest wait for one response (a long completion under load takes a while)."""
     connect_timeout_s: float = 10.0
@@ -149,6 +155,11 @@ class VLLMHttpEngine:
                 )
             if self.max_retries < 0 or self.backoff_s < 0:
                 raise ConfigError("engine.http.max_retries and engine.http.backoff_s must be >= 0")
+            if self.api_key is not None and self.api_key_file is not None:
+                raise ConfigError(
+                    "engine.http.api_key and engine.http.api_key_file are both set: give the "
+                    "servers' key one way (api_key_file keeps it out of the run's config.yaml)"
+                )
 
     def __init__(self, config: Config) -> None:
         config.validate()
@@ -387,7 +398,7 @@ class VLLMHttpEngine:
     async def _load(self, weights: PublishedWeights) -> None:
         check_published(weights)
         async with self._gate.update():
-            await self._reload(str(weights.folder.resolve()))
+            await self._reload(str(weights.folder.resolve()), weights.sha256)
             if weights.version is not None:
                 self._version = weights.version
 
@@ -407,9 +418,15 @@ class VLLMHttpEngine:
             if version is not None:
                 self._version = version
 
-    async def _reload(self, folder: str) -> None:
+    async def _reload(self, folder: str, sha256: str) -> None:
         body = {"method": "reload_weights", "kwargs": {"weights_path": folder}}
-        response = await self._request("POST", "/collective_rpc", json=body, ok_statuses=(404,))
+        response = await self._request(
+            "POST",
+            "/collective_rpc",
+            json=body,
+            headers={WEIGHTS_DIGEST_HEADER: sha256},
+            ok_statuses=(404,),
+        )
         if response.status_code == 404:
             raise EngineError(
                 f"{self.config.base_url} has no /collective_rpc endpoint: start the server with "
@@ -455,9 +472,7 @@ class VLLMHttpEngine:
                 if response.is_success or response.status_code in ok_statuses:
                     return response
                 if response.status_code not in _RETRY_STATUS or last:
-                    raise EngineError(
-                        f"{method} {url}: HTTP {response.status_code}: {_error_text(response)}"
-                    )
+                    raise _http_error(method, url, response, c)
             await asyncio.sleep(c.backoff_s * 2**attempt)
         raise AssertionError("unreachable")
 
@@ -527,7 +542,7 @@ class HttpTransferClient:
         import httpx
 
         c = self._config
-        headers = {"Authorization": f"Bearer {c.api_key}"} if c.api_key else {}
+        headers = authorization_headers(c)
         url = f"{c.base_url.rstrip('/')}{path}"
         try:
             response = httpx.request(
@@ -546,7 +561,7 @@ class HttpTransferClient:
                 f"{shlex.join(c.weight_transfer.server_flag())}"
             )
         if response.status_code >= 400:
-            raise EngineError(f"{method} {url}: {response.status_code} {_error_text(response)}")
+            raise _http_error(method, url, response, c)
         return response.json() if response.content else None
 
 
@@ -591,7 +606,7 @@ async def _make_gate() -> _UpdateGate:
 async def _make_client(config: VLLMHttpEngine.Config) -> httpx.AsyncClient:
     import httpx
 
-    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+    headers = authorization_headers(config)
     return httpx.AsyncClient(
         timeout=httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s),
         limits=httpx.Limits(
@@ -600,6 +615,32 @@ async def _make_client(config: VLLMHttpEngine.Config) -> httpx.AsyncClient:
         ),
         headers=headers,
     )
+
+
+def authorization_headers(address: ServerAddress) -> dict[str, str]:
+    """The `Authorization` header for `address`'s servers (none when no key is configured).
+
+    Raises:
+        ConfigError: `api_key_file` is not a valid secret file (missing, open to others).
+    """
+    if address.api_key_file is not None:
+        return {"Authorization": RunSecret.read(Path(address.api_key_file)).authorization}
+    if address.api_key:
+        return {"Authorization": f"Bearer {address.api_key}"}
+    return {}
+
+
+def _http_error(
+    method: str, url: str, response: httpx.Response, address: ServerAddress
+) -> EngineError:
+    if response.status_code == 401:
+        given = "the key it was given" if address.api_key or address.api_key_file else "no key"
+        return EngineError(
+            f"{method} {url}: HTTP 401: the server refused {given}. A server tir-rl launch "
+            "started wants its run's secret: set engine.http.api_key_file to the launch's "
+            '<run dir>/launch/secret (docs/scale.md, "Who can drive a run")'
+        )
+    return EngineError(f"{method} {url}: HTTP {response.status_code}: {_error_text(response)}")
 
 
 def _error_text(response: httpx.Response) -> str:
@@ -631,7 +672,9 @@ def serve_command(
     """The `vllm serve` command line equivalent to a local engine config.
 
     Run it with `VLLM_SERVER_DEV_MODE=1` in the environment so that `update_weights` and
-    the server-config check work.
+    the server-config check work, and with `TIR_RL_RUN_SECRET_FILE` naming the run's secret
+    file: the server asks for that secret on every route (`tir_rl.engine.server_guard`) and
+    does not start without it.
     """
     from tir_rl.models import resolve_model
 
@@ -648,9 +691,7 @@ def serve_command(
         "--host", host,
         "--port", str(port),
     ]  # fmt: skip
-    cmd.append(
-        "--enable-prefix-caching" if config.prefix_caching else "--no-enable-prefix-caching"
-    )
+    cmd.append("--enable-prefix-caching" if config.prefix_caching else "--no-enable-prefix-caching")
     cmd.append("--async-scheduling" if config.async_scheduling else "--no-async-scheduling")
     if config.enforce_eager:
         cmd.append("--enforce-eager")
@@ -663,4 +704,5 @@ def serve_command(
     if served_model_name is not None:
         cmd += ["--served-model-name", served_model_name]
     cmd += config.weight_transfer.server_flag()
+    cmd += ["--middleware", SERVER_GUARD]
     return cmd

@@ -10,21 +10,25 @@ over HTTP (the folder must then be visible to the server at the same path).
 Servers that read a shared folder get the weights *published* (`publish_state_dict`): each
 version goes to a folder of its own, written under a temporary name, closed by a ready
 marker and then renamed, so a server never loads a half-written checkpoint, and one write
-serves every server of a pool.
+serves every server of a pool. The folder's digest (`weights_digest`) goes with the
+authenticated reload request, and the server checks it before it loads anything
+(`tir_rl.engine.server_guard`): a file changed on disk after publication is refused.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tir_rl.errors import EngineError, ModelError
+from tir_rl.errors import ConfigError, EngineError, ModelError
 
 if TYPE_CHECKING:
     import torch
@@ -43,6 +47,8 @@ class PublishedWeights:
     version: int | None
     """The policy version the weights carry (None: the caller keeps its label)."""
     num_bytes: int
+    sha256: str
+    """`weights_digest` of the folder when it was published."""
 
 
 def default_weights_dir(prefix: str) -> Path:
@@ -109,7 +115,7 @@ def publish_state_dict(
     it whole (`check_published`). Folders published earlier under `root` are removed, so a
     server must load a version before the next one is published (the engines do).
     """
-    root.mkdir(parents=True, exist_ok=True)
+    check_weights_root(root)
     earlier = sorted(root.glob(f"{_PUBLISHED_PREFIX}*"))
     number = 1 + max((int(p.name.removeprefix(_PUBLISHED_PREFIX)) for p in earlier), default=0)
     tmp = Path(tempfile.mkdtemp(prefix=".publishing-", dir=root))
@@ -117,7 +123,8 @@ def publish_state_dict(
         tmp.chmod(0o755)  # a server running as another user reads it
         path = write_state_dict(state_dict, tmp)
         num_bytes = path.stat().st_size
-        marker = {"version": version, "files": [WEIGHTS_FILE], "bytes": num_bytes}
+        sha256 = weights_digest(tmp)
+        marker = {"version": version, "files": [WEIGHTS_FILE], "bytes": num_bytes, "sha256": sha256}
         (tmp / READY_MARKER).write_text(json.dumps(marker) + "\n")
         folder = root / f"{_PUBLISHED_PREFIX}{number:06d}"
         tmp.rename(folder)
@@ -126,7 +133,7 @@ def publish_state_dict(
         raise
     for old in earlier:
         shutil.rmtree(old, ignore_errors=True)
-    return PublishedWeights(folder=folder, version=version, num_bytes=num_bytes)
+    return PublishedWeights(folder=folder, version=version, num_bytes=num_bytes, sha256=sha256)
 
 
 def check_published(weights: PublishedWeights) -> None:
@@ -144,4 +151,43 @@ def check_published(weights: PublishedWeights) -> None:
     if on_disk != size:
         raise EngineError(
             f"{weights.folder}: {WEIGHTS_FILE} is {on_disk} bytes, its marker says {size}"
+        )
+
+
+def weights_digest(folder: Path) -> str:
+    """SHA-256 over the names and bytes of every `*.safetensors` file of `folder`, in order.
+
+    What a server checks before `reload_weights` reads `folder`: every file vLLM would load
+    is covered, so a file replaced, changed or added after publication changes the digest.
+    """
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*.safetensors")):
+        digest.update(path.name.encode() + b"\0")
+        with path.open("rb") as file:
+            while chunk := file.read(1 << 22):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_weights_root(root: Path) -> None:
+    """Create `root` (owner-only) if needed; refuse one that another user may write.
+
+    Whoever can write the folder the servers load from can replace the policy they sample
+    with; publishing into such a folder is refused rather than made safe in place.
+
+    Raises:
+        ConfigError: `root` belongs to another user or is writable by group or others.
+    """
+    root.mkdir(mode=0o755, parents=True, exist_ok=True)
+    info = root.stat()
+    if info.st_uid != os.getuid():
+        raise ConfigError(
+            f"the weights folder {root} belongs to another user (uid {info.st_uid}): give "
+            "engine.weights_dir a folder of your own"
+        )
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ConfigError(
+            f"the weights folder {root} can be written by other users (mode "
+            f"{stat.S_IMODE(info.st_mode):o}), who could replace the weights the servers load: "
+            f"run `chmod go-w {root}` or give engine.weights_dir a folder only you can write"
         )

@@ -55,7 +55,10 @@ async def play_agent_episode(
         raise SetupError('AgentEnv needs the openai package: pip install "tir-rl[serve]"') from exc
     key = f"g{group_id}-e{episode_id}-{uuid.uuid4().hex[:8]}"
     client = openai.AsyncOpenAI(
-        base_url=server.episode_base_url(key), api_key="tir-rl", max_retries=0, timeout=None
+        base_url=server.episode_base_url(key),
+        api_key=server.api_key,
+        max_retries=0,
+        timeout=None,
     )
     reward, status, error = 0.0, RolloutStatus.FINISHED, None
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -47,7 +48,7 @@ TINY = (
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """`tir-rl serve` on the tiny model: (url, process)."""
+    """`tir-rl serve` on the tiny model: (url, process, its output, the API key's file)."""
     port = free_port()
     folder = tmp_path_factory.mktemp("serve")
     out = (folder / "serve.out").open("w+")
@@ -60,6 +61,8 @@ def served(tmp_path_factory):
         "serve",
         "--port",
         str(port),
+        "--secret-file",
+        str(folder / "key"),
         "--config",
         str(config),
     ]
@@ -71,14 +74,15 @@ def served(tmp_path_factory):
         while time.monotonic() < deadline:
             assert proc.poll() is None, out.seek(0) or out.read()
             try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                key = {"Authorization": f"Bearer {(folder / 'key').read_text().strip()}"}
+                if httpx.get(f"{url}/health", headers=key, timeout=2).status_code == 200:
                     break
-            except httpx.HTTPError:
+            except (httpx.HTTPError, FileNotFoundError):
                 pass
             time.sleep(1)
         else:
             pytest.fail("tir-rl serve did not come up")
-        yield url, proc, out
+        yield url, proc, out, folder / "key"
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -86,8 +90,13 @@ def served(tmp_path_factory):
 
 
 def test_the_openai_client_samples_through_the_endpoint_and_every_token_is_recorded(served):
-    url, _, _ = served
-    client = openai.OpenAI(base_url=f"{url}/episodes/ep-a/v1", api_key="none")
+    url, _, _, key_file = served
+    key = key_file.read_text().strip()
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    refused = openai.OpenAI(base_url=f"{url}/episodes/ep-a/v1", api_key="none")
+    with pytest.raises(openai.AuthenticationError):
+        refused.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
+    client = openai.OpenAI(base_url=f"{url}/episodes/ep-a/v1", api_key=key)
     question = [{"role": "user", "content": "How many r in 'mirror'?"}]
     first = client.chat.completions.create(
         model="tiny",
@@ -99,7 +108,7 @@ def test_the_openai_client_samples_through_the_endpoint_and_every_token_is_recor
     )
     assert len(first.choices) == 2
     prompt_ids = first.model_extra["prompt_token_ids"]
-    recorded = _calls(url, "ep-a")
+    recorded = _calls(url, key, "ep-a")
     for choice, call in zip(first.choices, recorded, strict=True):
         ids = choice.model_extra["token_ids"]
         assert call["completion_ids"] == ids
@@ -110,7 +119,7 @@ def test_the_openai_client_samples_through_the_endpoint_and_every_token_is_recor
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(prepare_tiny_model(), dtype="float32").eval()
-    for call in _calls(url, "ep-a"):
+    for call in _calls(url, key, "ep-a"):
         recomputed = transformers_logprobs(model, call["prompt_ids"] + call["completion_ids"])
         sampled = torch.tensor(call["logprobs"])
         assert (recomputed[len(call["prompt_ids"]) - 1 :] - sampled).abs().max().item() < 1e-3
@@ -123,7 +132,7 @@ def test_the_openai_client_samples_through_the_endpoint_and_every_token_is_recor
     )
     # Other tools are another system turn: the same messages without them start afresh.
     client.chat.completions.create(model="tiny", messages=follow_up, max_completion_tokens=8)
-    calls = _calls(url, "ep-a")
+    calls = _calls(url, key, "ep-a")
     assert [c["extends_call"] for c in calls] == [None, None, [0, 0], None]
     head = calls[0]["prompt_ids"] + calls[0]["completion_ids"]
     assert calls[2]["prompt_ids"][: len(head)] == head
@@ -131,7 +140,10 @@ def test_the_openai_client_samples_through_the_endpoint_and_every_token_is_recor
     with pytest.raises(openai.BadRequestError, match="temperature"):
         client.chat.completions.create(model="tiny", messages=question, temperature=0.5)
 
-    samples = httpx.post(f"{url}/episodes/ep-a/finish", json={"reward": 0.5}).json()["samples"]
+    finish = f"{url}/episodes/ep-a/finish"
+    auth = {"Authorization": f"Bearer {key}"}
+    assert httpx.post(finish, json={"reward": 0.5}).status_code == 401
+    samples = httpx.post(finish, json={"reward": 0.5}, headers=auth).json()["samples"]
     assert len(samples) == 3
     assert sorted(sum(s["loss_mask"]) for s in samples) == sorted(
         [
@@ -144,20 +156,22 @@ def test_the_openai_client_samples_through_the_endpoint_and_every_token_is_recor
 
 
 def test_ctrl_c_stops_the_server_and_its_engine(served):
-    url, proc, out = served
+    url, proc, out, key_file = served
     children = psutil.Process(proc.pid).children(recursive=True)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(60) == 0
     out.seek(0)
     printed = out.read()
     assert f"at {url}/v1" in printed and "stopped" in printed
+    assert str(key_file) in printed and key_file.read_text().strip() not in printed
     assert "EngineCore" not in printed  # vLLM's own logs went to the command's log file
     gone, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, f"left running: {alive}"
 
 
-def _calls(url: str, episode: str) -> list[dict[str, Any]]:
-    return httpx.get(f"{url}/episodes/{episode}").json()["calls"]
+def _calls(url: str, key: str, episode: str) -> list[dict[str, Any]]:
+    auth = {"Authorization": f"Bearer {key}"}
+    return httpx.get(f"{url}/episodes/{episode}", headers=auth).json()["calls"]
 
 
 class HashRewardLetterCount(AgentsSdkLetterCount):

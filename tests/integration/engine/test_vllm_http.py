@@ -1,6 +1,7 @@
 """A real `vllm serve` on loopback with a tiny model, reached through VLLMHttpEngine."""
 
 import asyncio
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,7 +10,9 @@ from tir_rl.distributed import free_port
 from tir_rl.engine import GenerateRequest, VLLMHttpEngine, VLLMLocalEngine
 from tir_rl.engine.parity import probe_parity, transformers_logprobs
 from tir_rl.engine.transfer import WeightTransfer
+from tir_rl.engine.weights_io import publish_state_dict
 from tir_rl.errors import ConfigError, EngineError, ParityError
+from tir_rl.run_secret import RunSecret
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -25,14 +28,19 @@ def server(tiny_model_path, vllm_serve):
         max_num_seqs=32,
         weight_transfer=WeightTransfer.GLOO,  # takes file updates too
     )
-    with vllm_serve(config, served_model_name="tiny") as url:
-        yield url
+    with vllm_serve(config, served_model_name="tiny") as served:
+        yield served
+
+
+def address(served) -> dict[str, str]:
+    return {"base_url": served.url, "api_key_file": served.api_key_file}
 
 
 @pytest.fixture(scope="module")
 def engine(server, tmp_path_factory):
     config = VLLMHttpEngine.Config(
-        base_url=server,
+        base_url=server.url,
+        api_key_file=server.api_key_file,
         served_model_name="tiny",
         dtype="float32",
         weights_dir=str(tmp_path_factory.mktemp("weights")),
@@ -91,7 +99,8 @@ def test_multi_token_stop_sequence_cuts_on_ids(engine):
 
 def test_wrong_model_name_is_a_clear_error(server):
     with pytest.raises(EngineError, match="not the configured model"):
-        VLLMHttpEngine(VLLMHttpEngine.Config(base_url=server, served_model_name="other"))
+        VLLMHttpEngine(VLLMHttpEngine.Config(base_url=server.url,
+        api_key_file=server.api_key_file, served_model_name="other"))
 
 
 def test_unreachable_server_is_retried_then_reported():
@@ -114,14 +123,14 @@ def test_update_weights_over_http_and_parity(engine, hf_model, perturbed_model, 
 
 
 def test_update_weights_needs_a_weights_dir(server):
-    with VLLMHttpEngine(VLLMHttpEngine.Config(base_url=server)) as engine:
+    with VLLMHttpEngine(VLLMHttpEngine.Config(**address(server))) as engine:
         with pytest.raises(ConfigError, match="weights_dir"):
             asyncio.run(engine.update_weights({"x": torch.zeros(1)}))
 
 
 def test_update_weights_by_gloo_transfer_and_parity(server, hf_model, perturbed_model, probe_ids):
     config = VLLMHttpEngine.Config(
-        base_url=server, served_model_name="tiny", weight_transfer=WeightTransfer.GLOO
+        **address(server), served_model_name="tiny", weight_transfer=WeightTransfer.GLOO
     )
     with VLLMHttpEngine(config) as engine:
         asyncio.run(engine.update_weights(perturbed_model.state_dict(), version=7))
@@ -135,3 +144,38 @@ def test_update_weights_by_gloo_transfer_and_parity(server, hf_model, perturbed_
             asyncio.run(engine.update_weights(hf_model.state_dict(), version=8))
         assert asyncio.run(probe_parity(engine, hf_model, probe_ids, tolerance=1e-3)).passed
         assert engine._transfer_group is not None and engine._transfer_group.groups_formed == 1
+
+
+def test_every_route_of_the_server_refuses_a_caller_without_the_run_s_secret(
+    server, engine, hf_model, perturbed_model, probe_ids, tmp_path
+):
+    import httpx
+
+    key = {"Authorization": RunSecret.read(Path(server.api_key_file)).authorization}
+    schema = httpx.get(f"{server.url}/openapi.json", headers=key, timeout=30).json()
+    routes = [(m.upper(), path) for path, item in schema["paths"].items() for m in item]
+    paths = {path for _, path in routes}
+    # vLLM's own --api-key leaves these open (docs/scale.md, "Who can drive a run").
+    assert {"/collective_rpc", "/reset_prefix_cache", "/init_weight_transfer_engine"} <= paths
+    assert {"/update_weights", "/v1/completions", "/health"} <= paths
+    published = publish_state_dict(perturbed_model.state_dict(), tmp_path, version=1)
+    reload = {"method": "reload_weights", "kwargs": {"weights_path": str(published.folder)}}
+    for method, path in routes:
+        url = server.url + path.replace("{", "").replace("}", "")
+        for wrong in ({}, {"Authorization": "Bearer not-the-secret"}):
+            body = reload if path == "/collective_rpc" else {}
+            answer = httpx.request(method, url, json=body, headers=wrong, timeout=30)
+            assert answer.status_code == 401, (method, path, answer.text[:200])
+    # The refused reload changed nothing: the server still samples the original weights.
+    assert asyncio.run(probe_parity(engine, hf_model, probe_ids, tolerance=1e-3)).passed
+    # With the secret but weights changed after publication: refused before loading.
+    weights = published.folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    with pytest.raises(EngineError, match="not the ones the trainer published"):
+        asyncio.run(engine.load_published(published))
+    assert asyncio.run(probe_parity(engine, hf_model, probe_ids, tolerance=1e-3)).passed
+    without = VLLMHttpEngine.Config(base_url=server.url, served_model_name="tiny")
+    with pytest.raises(EngineError, match="api_key_file"):
+        VLLMHttpEngine(without)

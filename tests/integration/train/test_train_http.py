@@ -27,16 +27,22 @@ def server(vllm_serve):
     config = VLLMLocalEngine.Config(
         model_path=str(prepare_tiny_model()), max_model_len=2048, kv_cache_gib=0.25
     )
-    with vllm_serve(config) as url:
-        yield url
+    with vllm_serve(config) as served:
+        yield served
 
 
-def http_engine(url, weights_dir):
-    return ("engine.kind=http", f"engine.http.base_url={url}", f"engine.weights_dir={weights_dir}")
+def http_engine(served, weights_dir):
+    return (
+        "engine.kind=http",
+        f"engine.http.base_url={served.url}",
+        f"engine.http.api_key_file={served.api_key_file}",
+        f"engine.weights_dir={weights_dir}",
+    )
 
 
-def served_logprobs(url, ids):
-    with VLLMHttpEngine(VLLMHttpEngine.Config(base_url=url)) as engine:
+def served_logprobs(served, ids):
+    config = VLLMHttpEngine.Config(base_url=served.url, api_key_file=served.api_key_file)
+    with VLLMHttpEngine(config) as engine:
         return torch.tensor(asyncio.run(engine.prompt_logprobs(ids)))
 
 
@@ -88,7 +94,11 @@ def test_two_steps_train_through_the_server_and_leave_it_the_trained_weights(
 def test_a_run_puts_a_server_back_on_the_run_model_weights(server, probe, tmp_path):
     initial = AutoModelForCausalLM.from_pretrained(prepare_tiny_model(), dtype="float32")
     other = {k: v + 0.05 * torch.randn_like(v) for k, v in initial.state_dict().items()}
-    config = VLLMHttpEngine.Config(base_url=server, weights_dir=str(tmp_path / "other"))
+    config = VLLMHttpEngine.Config(
+        base_url=server.url,
+        api_key_file=server.api_key_file,
+        weights_dir=str(tmp_path / "other"),
+    )
     with VLLMHttpEngine(config) as engine:
         asyncio.run(engine.update_weights(other))
     expected = transformers_logprobs(initial, probe)

@@ -20,6 +20,7 @@ from tir_rl.engine.weights_io import (
     PublishedWeights,
     check_published,
     publish_state_dict,
+    weights_digest,
 )
 from tir_rl.errors import ConfigError, EngineError, EngineUnavailableError
 
@@ -216,11 +217,12 @@ def test_a_published_folder_is_complete_or_refused(tmp_path):
     weights = publish_state_dict(state, tmp_path, version=2)
     marker = json.loads((weights.folder / READY_MARKER).read_text())
     assert marker["version"] == 2 and marker["bytes"] == weights.num_bytes
+    assert marker["sha256"] == weights.sha256 == weights_digest(weights.folder)
     check_published(weights)
     half = tmp_path / ".publishing-x"
     half.mkdir()
     with pytest.raises(EngineError, match="not a complete published version"):
-        check_published(PublishedWeights(folder=half, version=3, num_bytes=0))
+        check_published(PublishedWeights(folder=half, version=3, num_bytes=0, sha256=""))
     (weights.folder / "model.safetensors").write_bytes(b"cut short")
     with pytest.raises(EngineError, match="its marker says"):
         check_published(weights)
