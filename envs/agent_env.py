@@ -189,7 +189,7 @@ def _reward_line(line: str, program: str, err_tail: str) -> float:
         value = value.get("reward")
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(
-            f"{program} must print its reward (a number or {{\"reward\": r}}) on the last line "
+            f'{program} must print its reward (a number or {{"reward": r}}) on the last line '
             f"of its standard output; the last line was {line[-200:]!r}. stderr: {err_tail}"
         )
     return float(value)

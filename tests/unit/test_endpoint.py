@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -199,15 +200,19 @@ def test_tool_choice_none_hides_the_tools(tokenizer):
         ("frobnicate", 1, "unknown request field"),
         ("max_completion_tokens", 5000, "the context holds 2048"),
         ("response_format", {"type": "json_object"}, "constrained decoding"),
+        ("n", 17, "at most 16 choices"),
+        ("messages", [{"role": "tool", "tool_call_id": "x", "content": "4"}], "answers no tool"),
+        ("messages", [{"role": "user", "content": "word " * 2100}], "shorten the conversation"),
     ],
 )
 def test_what_the_sampler_cannot_honour_is_refused_with_a_reason(tokenizer, field, value, says):
     endpoint, engine = endpoint_with(tokenizer, "unused")
     body = {"messages": [{"role": "user", "content": "Hi."}], field: value}
-    with pytest.raises(RequestError, match=says):
+    with pytest.raises(RequestError, match=says) as refused:
         complete(endpoint, "e7", **body)
     assert engine.requests == []
     assert endpoint.recorder.calls("e7") == []
+    assert not re.search(r"-\d", str(refused.value))  # no negative token counts
 
 
 def test_the_run_s_temperature_is_accepted_and_used(tokenizer):
@@ -347,3 +352,27 @@ def test_every_route_refuses_a_caller_without_the_server_s_key(tokenizer):
     # Nothing was sampled, recorded or taken by the refused calls.
     assert sorted(endpoint.recorder.episode_ids) == ["kept"]
     assert len(endpoint.recorder.calls("kept")) == 1
+
+
+def test_a_body_too_large_for_the_context_is_refused_before_it_is_read(tokenizer):
+    import httpx
+
+    endpoint, engine = endpoint_with(tokenizer, "unused")
+    limit = endpoint.max_request_bytes
+    assert limit == 64 * 2048 + (1 << 20)
+    big = {"messages": [{"role": "user", "content": "x" * limit}]}
+    with EndpointServer(endpoint) as server:
+        key = {"Authorization": f"Bearer {server.api_key}"}
+        url = f"{server.url}/episodes/big/v1/chat/completions"
+        answer = httpx.post(url, json=big, headers=key, timeout=30)
+        assert answer.status_code == 413 and "shorten the conversation" in answer.text
+
+        def chunks():  # no Content-Length: the stream is cut at the limit
+            yield b'{"messages": [{"role": "user", "content": "'
+            for _ in range(limit // 65536 + 2):
+                yield b"x" * 65536
+            yield b'"}]}'
+
+        answer = httpx.post(url, content=chunks(), headers=key, timeout=30)
+        assert answer.status_code == 413
+    assert engine.requests == [] and endpoint.recorder.episode_ids == []

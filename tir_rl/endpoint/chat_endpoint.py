@@ -60,6 +60,8 @@ class EndpointConfig:
     max_calls_per_episode: int | None = None
     """Calls one episode may make (inside a run: `rollout.max_turns`); one more is refused
     (HTTP 400) and the episode ends truncated. None: no limit."""
+    max_choices: int = 16
+    """Most choices (`n`) one call may ask for; more is refused (HTTP 400)."""
 
     def validate(self) -> None:
         """Raise `ConfigError` naming the bad field."""
@@ -69,6 +71,8 @@ class EndpointConfig:
             raise ConfigError("endpoint max_tokens_per_call must be >= 1")
         if self.max_calls_per_episode is not None and self.max_calls_per_episode < 1:
             raise ConfigError("endpoint max_calls_per_episode must be >= 1 or None")
+        if self.max_choices < 1:
+            raise ConfigError("endpoint max_choices must be >= 1")
 
 
 class ChatEndpoint:
@@ -107,6 +111,15 @@ class ChatEndpoint:
         return self.config.model_name or Path(self.engine.model_info.model_path).name
 
     @property
+    def max_request_bytes(self) -> int:
+        """Largest request body read: 64 bytes per token of context, plus 1 MiB for tools.
+
+        A body larger than that cannot become a prompt that fits (no tokenizer packs 64
+        bytes of JSON into one token of a chat), so it is refused before it is read.
+        """
+        return 64 * self.max_context_tokens + (1 << 20)
+
+    @property
     def max_context_tokens(self) -> int:
         """Longest prompt plus completion."""
         limit = self.engine.model_info.max_model_len
@@ -131,6 +144,11 @@ class ChatEndpoint:
                 engine failed it (status 503).
         """
         request = parse_chat_request(body)
+        if request.n > self.config.max_choices:
+            raise RequestError(
+                f"n={request.n}: a call may ask for at most {self.config.max_choices} choices",
+                param="n",
+            )
         temperature = self.config.temperature
         if request.temperature is not None and request.temperature != temperature:
             raise RequestError(
@@ -144,12 +162,18 @@ class ChatEndpoint:
         prompt_ids, extends = self._prompt(episode_id, request, fmt, tools)
         room = self.max_context_tokens - len(prompt_ids)
         max_tokens = request.max_tokens or min(self.config.max_tokens_per_call, room)
-        if room < 1 or max_tokens > room:
+        if room < 1:
+            raise RequestError(
+                f"the prompt is {len(prompt_ids)} tokens and the context holds "
+                f"{self.max_context_tokens}: shorten the conversation",
+                param="messages",
+            )
+        if max_tokens > room:
             raise RequestError(
                 f"the prompt is {len(prompt_ids)} tokens and {max_tokens} more were asked for, "
                 f"but the context holds {self.max_context_tokens}: shorten the conversation "
-                "or ask for fewer tokens",
-                param="messages",
+                f"or ask for at most {room} tokens",
+                param="max_completion_tokens",
             )
         call_index = self.recorder.next_call_index(episode_id)
         limit = self.config.max_calls_per_episode

@@ -234,7 +234,14 @@ def openai_messages(raw: Sequence[object]) -> list[Message]:
             messages.append(Message.assistant(content, [c for _, c in calls]))
         elif role == "tool":
             call_id = item.get("tool_call_id")
-            name = item.get("name") or call_names.get(str(call_id))
+            if str(call_id) not in call_names:
+                raise RequestError(
+                    f"messages[{index}] is a tool message whose tool_call_id {call_id!r} answers "
+                    "no tool call of an earlier assistant message: give the id of the call "
+                    "it answers",
+                    param="messages",
+                )
+            name = item.get("name") or call_names[str(call_id)]
             messages.append(Message.tool(content, name=name))
         else:
             raise RequestError(

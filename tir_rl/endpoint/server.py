@@ -70,8 +70,22 @@ def build_app(endpoint: ChatEndpoint, secret: RunSecret) -> Starlette:
         return JSONResponse(exc.to_json(), status_code=exc.status)
 
     async def read_json(request: Request) -> Any:
+        limit = endpoint.max_request_bytes
+        too_large = RequestError(
+            f"the request body is over {limit} bytes, more than a prompt of the context's "
+            f"{endpoint.max_context_tokens} tokens can take: shorten the conversation",
+            status=413,
+        )
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise too_large
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise too_large
         try:
-            return json.loads(await request.body())
+            return json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise RequestError(f"the request body is not JSON: {exc}") from exc
 

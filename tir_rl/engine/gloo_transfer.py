@@ -12,10 +12,16 @@ Wire format: one broadcast per dtype from the trainer (rank 0) to every worker, 
 tensors of that dtype flattened end to end in the order of the update info; the workers
 cut the buffer back into tensors and load them with the model's `load_weights` inside
 vLLM's layerwise-reload lifecycle, as the NCCL engine does.
+
+The group meets at torch's TCP store on the trainer, which asks no one for credentials. Its
+keys live under a random prefix made for each group (`group_key`), which reaches the
+workers only in the authenticated `/init_weight_transfer_engine` call: a stranger who
+connects to the store cannot read or overwrite the addresses the ranks exchange.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -49,6 +55,8 @@ class GlooWorkerInitInfo(WeightTransferInitInfo):
     """Group rank of this server's first worker (the trainer is 0)."""
     world_size: int
     """The trainer plus every worker of every server in the group."""
+    group_key: str
+    """The group's store prefix, new for each group (see the module docstring)."""
 
 
 @dataclass
@@ -78,14 +86,25 @@ class GlooTrainerInitInfo(TrainerInitInfo):
     world_size: int
 
 
-def _group(address: str, port: int, rank: int, world_size: int) -> ProcessGroup:
-    from vllm.distributed.utils import stateless_init_torch_distributed_process_group
+def _group(address: str, port: int, rank: int, world_size: int, key: str) -> ProcessGroup:
+    """A gloo group outside torch's global state, its store's keys under `key`."""
+    from torch.distributed import PrefixStore
+    from torch.distributed.distributed_c10d import _get_default_timeout
+    from torch.distributed.rendezvous import rendezvous
+    from vllm.distributed.utils import init_gloo_process_group
+    from vllm.utils.network_utils import get_tcp_uri
 
-    group = stateless_init_torch_distributed_process_group(
-        address, port, rank, world_size, backend="gloo"
+    timeout = _get_default_timeout("gloo")
+    store, rank, world_size = next(
+        rendezvous(get_tcp_uri(address, port), rank, world_size, timeout=timeout)
     )
-    assert not isinstance(group, tuple)
-    return group
+    store.set_timeout(timeout)
+    return init_gloo_process_group(
+        prefix_store=PrefixStore(f"tir-rl-transfer/{key}", store),
+        group_rank=rank,
+        group_size=world_size,
+        timeout=timeout,
+    )
 
 
 def _by_dtype(dtype_names: Sequence[str]) -> dict[str, list[int]]:
@@ -122,6 +141,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWorkerInitInfo, GlooUpda
             init_info.master_port,
             init_info.rank_offset + worker_rank,
             init_info.world_size,
+            init_info.group_key,
         )
 
     def start_weight_update(self) -> None:
@@ -191,12 +211,17 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             master_port=init_info.master_port,
             rank_offset=1,
             world_size=init_info.world_size,
+            group_key=secrets.token_hex(16),
         )
         # The workers block in the rendezvous; it completes when the trainer joins too.
         with ThreadPoolExecutor(max_workers=1) as pool:
             joined = pool.submit(client.init_weight_transfer_engine, asdict(worker_info))
             engine._group = _group(
-                init_info.master_address, init_info.master_port, 0, init_info.world_size
+                init_info.master_address,
+                init_info.master_port,
+                0,
+                init_info.world_size,
+                worker_info.group_key,
             )
             joined.result()
         return engine

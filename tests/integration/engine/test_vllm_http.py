@@ -99,8 +99,11 @@ def test_multi_token_stop_sequence_cuts_on_ids(engine):
 
 def test_wrong_model_name_is_a_clear_error(server):
     with pytest.raises(EngineError, match="not the configured model"):
-        VLLMHttpEngine(VLLMHttpEngine.Config(base_url=server.url,
-        api_key_file=server.api_key_file, served_model_name="other"))
+        VLLMHttpEngine(
+            VLLMHttpEngine.Config(
+                base_url=server.url, api_key_file=server.api_key_file, served_model_name="other"
+            )
+        )
 
 
 def test_unreachable_server_is_retried_then_reported():
