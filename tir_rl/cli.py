@@ -11,8 +11,12 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tir_rl.errors import ConfigError, TirError
+
+if TYPE_CHECKING:
+    from tir_rl.distributed import Nodes
 
 logger = logging.getLogger("tir_rl")
 
@@ -31,6 +35,8 @@ _EPILOG_TRAIN = """examples:
   tir-rl train --config configs/quickstart.yaml --set run.steps=20 --set trainer.lr=2e-6
   tir-rl train --resume runs/quickstart            # continue from the newest checkpoint
   tir-rl train --nproc-per-node 2 --config configs/fsdp2_cpu.yaml   # FSDP2, 2 processes
+  tir-rl train --nnodes 2 --node-rank R --master-addr NODE0 --master-port 29500 \\
+      --nproc-per-node 8 --config my.yaml                          # on each of 2 nodes
 outputs (runs/NAME/): config.yaml, metrics.jsonl, tensorboard/, trajectories.jsonl,
   plots/*.png, eval_step_N.json, checkpoints/step_N/ (HF model + optimizer + RNG + step);
   with run.loggers naming wandb also wandb/ and wandb_run_id (the W&B run --resume continues)
@@ -68,6 +74,24 @@ def _command_log(command: str) -> Path:
     return path
 
 
+def _nodes(args: argparse.Namespace) -> Nodes | None:
+    """This node's place in a multi-node job, or None for a job on this machine alone."""
+    from tir_rl.distributed import Nodes
+
+    if args.nnodes == 1:
+        given = [f for f in ("node_rank", "master_addr", "master_port") if getattr(args, f)]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise ConfigError(f"{flag} places a node in a multi-node job: add --nnodes N")
+        return None
+    if args.node_rank is None or args.master_addr is None or args.master_port is None:
+        raise ConfigError(
+            f"--nnodes {args.nnodes} needs --node-rank (this node's index, 0 on the node that "
+            "samples), --master-addr (node 0's address) and --master-port, on every node"
+        )
+    return Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port)
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from tir_rl.config import load
     from tir_rl.report.eval_stats import describe_change
@@ -80,16 +104,22 @@ def _cmd_train(args: argparse.Namespace) -> int:
         config = load(RunConfig, args.config, args.set)
     else:
         raise TirError("give --config FILE (e.g. configs/quickstart.yaml) or --resume RUN_DIR")
-    if args.nproc_per_node > 1:
+    nodes = _nodes(args)
+    if args.nproc_per_node > 1 or nodes is not None:
         from tir_rl.train import exec_under_torchrun
 
         if config.trainer.lora.enabled:  # refused now, not after torchrun has started
             raise ConfigError(
-                "trainer.lora.enabled runs on one rank only: drop --nproc-per-node, or "
-                "train without LoRA."
+                "trainer.lora.enabled runs on one rank only: drop --nproc-per-node and "
+                "--nnodes, or train without LoRA."
             )
         exec_under_torchrun(
-            args.nproc_per_node, args.config, args.set, resume=args.resume, verbose=args.verbose
+            args.nproc_per_node,
+            args.config,
+            args.set,
+            resume=args.resume,
+            verbose=args.verbose,
+            nodes=nodes,
         )
     _route_library_output(args, config.run_dir / LIBRARY_LOG)
     summary = run_train(config, resume=bool(args.resume))
@@ -185,10 +215,16 @@ def _cmd_launch(args: argparse.Namespace) -> int:
                 port=args.base_port,
                 gpus_per_node=args.gpus_per_node,
                 nproc_per_node=args.nproc_per_node,
+                trainer_nodes=args.trainer_nodes,
             ),
             end="",
         )
         return 0
+    if args.trainer_nodes != 1:
+        raise ConfigError(
+            "--trainer-nodes spans nodes of a cluster: give it with --emit slurm (on this "
+            "machine, --nproc-per-node sets the trainer's ranks)"
+        )
     ports = (
         [free_port() for _ in range(args.servers)]
         if args.base_port == 0
@@ -423,6 +459,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="train with N FSDP2 processes (re-runs itself under torchrun)",
     )
+    p.add_argument(
+        "--nnodes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="train across N nodes, each started with the same arguments and its --node-rank",
+    )
+    p.add_argument("--node-rank", type=int, help="this node's index (0: the node that samples)")
+    p.add_argument("--master-addr", help="node 0's address, as every node reaches it")
+    p.add_argument("--master-port", type=int, help="a free port on node 0 for the rendezvous")
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser(
@@ -529,6 +575,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the multi-node launch instead of starting anything",
     )
     p.add_argument("--gpus-per-node", type=int, default=1, help="Slurm: GPUs per node")
+    p.add_argument(
+        "--trainer-nodes",
+        type=int,
+        default=1,
+        help="Slurm: nodes the trainer spans (FSDP2 across nodes, --nproc-per-node ranks each)",
+    )
     p.set_defaults(func=_cmd_launch)
 
     p = sub.add_parser(

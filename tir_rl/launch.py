@@ -269,9 +269,11 @@ def slurm_script(
     port: int = 8000,
     gpus_per_node: int = 1,
     nproc_per_node: int = 1,
+    trainer_nodes: int = 1,
+    master_port: int = 29500,
     python: str = "python",
 ) -> str:
-    """An sbatch script: node 0 trains (`nproc_per_node` ranks), nodes 1..N serve.
+    """An sbatch script: nodes 0..T-1 train (`nproc_per_node` ranks each), the next N serve.
 
     Args:
         config: the loaded run config (its local engine section gives the servers' flags).
@@ -282,11 +284,16 @@ def slurm_script(
             the same path.
         port: each server's port on its node.
         gpus_per_node: `--gpus-per-node` of the allocation.
-        nproc_per_node: trainer ranks on node 0 (FSDP2 under torchrun).
+        nproc_per_node: trainer ranks per trainer node (FSDP2 under torchrun).
+        trainer_nodes: nodes the trainer spans (`tir-rl train --nnodes`, rendezvous at
+            node 0, where rank 0 runs the rollouts).
+        master_port: node 0's rendezvous port when the trainer spans several nodes.
         python: the interpreter of the nodes' tir-rl environment.
     """
     if servers < 1:
         raise ConfigError(f"tir-rl launch --servers {servers}: give at least 1")
+    if trainer_nodes < 1:
+        raise ConfigError(f"tir-rl launch --trainer-nodes {trainer_nodes}: give at least 1")
     transfer = config.engine.weight_transfer
     if not weights_dir and not transfer.by_vllm_engine:
         raise ConfigError(
@@ -300,6 +307,9 @@ def slurm_script(
     train = shlex.join([python, "-m", "tir_rl.cli", "train", "--config", str(config_path)])
     if nproc_per_node > 1:
         train += f" --nproc-per-node {nproc_per_node}"
+    if trainer_nodes > 1:  # each trainer node adds its own --node-rank (below)
+        train += f' --nnodes {trainer_nodes} --master-addr "${{nodes[0]}}"'
+        train += f" --master-port {master_port}"
     logs = config.run_dir / LAUNCH_DIR
     if transfer.by_vllm_engine:  # the servers join the trainer's transfer group on node 0
         weights = '--set "engine.transfer_address=${nodes[0]}"'
@@ -309,18 +319,20 @@ def slurm_script(
     new_secret = shlex.join([python, "-m", "tir_rl.run_secret"])
     return f"""#!/bin/bash
 #SBATCH --job-name=tir-rl-{config.run.name}
-#SBATCH --nodes={servers + 1}
+#SBATCH --nodes={servers + trainer_nodes}
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node={gpus_per_node}
 #SBATCH --output={logs}/slurm-%j.out
-# Written by `tir-rl launch --emit slurm`. Node 0 trains; nodes 1..{servers} serve the model.
+# Written by `tir-rl launch --emit slurm`. Nodes 0..{trainer_nodes - 1} train, the next
+# {servers} serve the model. The run folder and the model are on a file system all nodes mount.
 set -euo pipefail
 umask 077
 mkdir -p {shlex.quote(str(logs))}
 # The run's secret: a fresh one per job, mode 600; the servers ask every caller for it.
 {new_secret} {secret_file}
 mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
-servers=("${{nodes[@]:1}}")
+trainers=("${{nodes[@]:0:{trainer_nodes}}}")
+servers=("${{nodes[@]:{trainer_nodes}}}")
 urls=()
 for host in "${{servers[@]}}"; do
     srun --nodes=1 --ntasks=1 -w "$host" \\
@@ -335,7 +347,20 @@ for url in "${{urls[@]}}"; do
         "$url/health" > /dev/null; do sleep 5; done
 done
 joined=$(IFS=,; echo "${{urls[*]}}")
-srun --nodes=1 --ntasks=1 -w "${{nodes[0]}}" {train} \\
-    --set engine.kind=http --set "engine.http.base_urls=[$joined]" \\
-    --set engine.http.api_key_file={secret_file} {weights}
+train=({train}
+    --set engine.kind=http --set "engine.http.base_urls=[$joined]"
+    --set engine.http.api_key_file={secret_file} {weights})
+{_trainer_step(trainer_nodes)}
 """
+
+
+def _trainer_step(trainer_nodes: int) -> str:
+    """The srun that runs the trainer: on node 0, or on every trainer node with its rank."""
+    if trainer_nodes == 1:
+        return 'srun --nodes=1 --ntasks=1 -w "${nodes[0]}" "${train[@]}"'
+    # SLURM_NODEID is the node's index in this step, whose nodes are the job's first ones.
+    return (
+        f"srun --nodes={trainer_nodes} --ntasks={trainer_nodes} --ntasks-per-node=1 \\\n"
+        '    -w "$(IFS=,; echo "${trainers[*]}")" \\\n'
+        '    bash -c \'exec "$@" --node-rank "$SLURM_NODEID"\' tir-rl-train "${train[@]}"'
+    )

@@ -122,3 +122,72 @@ def test_with_nccl_the_servers_take_the_transfer_and_the_slurm_script_needs_no_s
     assert '--set "engine.transfer_address=${nodes[0]}"' in script
     assert "engine.weights_dir" not in script
     subprocess.run([shutil.which("bash") or "bash", "-n"], input=script, text=True, check=True)
+
+
+FAKE_SLURM = {
+    "scontrol": 'printf "n0\\nn1\\nn2\\nn3\\n"\n',
+    # Skips srun's own options, then runs the step's command on each of its --nodes, as
+    # Slurm would, with SLURM_NODEID set to the node's index in the step.
+    "srun": """nodes=1
+while [[ "$1" == -* ]]; do
+    case "$1" in --nodes=*) nodes=${1#--nodes=} ;; -w) shift ;; esac
+    shift
+done
+for ((i = 0; i < nodes; i++)); do SLURM_NODEID=$i "$@"; done
+""",
+    "curl": "exit 0\n",
+    # The nodes' `python`: records what each launch asked for, one line per call.
+    "python": 'echo "secret=${TIR_RL_RUN_SECRET_FILE:-} $*" >> "$FAKE_SLURM_LOG"\n',
+}
+
+
+def test_the_slurm_script_runs_each_trainer_node_with_its_rank_on_a_fake_slurm(tmp_path):
+    """The emitted script run by bash against fake `srun`, `scontrol`, `curl` and `python`
+    (each a few lines of shell): what every node's process would have been started with."""
+    config = _config(tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in FAKE_SLURM.items():
+        (bin_dir / name).write_text("#!/bin/bash\n" + body)
+        (bin_dir / name).chmod(0o755)
+    script = slurm_script(
+        config, tmp_path / "train.yaml", servers=2, weights_dir="/shared/w", trainer_nodes=2,
+        nproc_per_node=4, python=str(bin_dir / "python"),
+    )  # fmt: skip
+    log = tmp_path / "calls.log"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_SLURM_LOG": str(log), "HOME": str(tmp_path)}
+    env["SLURM_JOB_NODELIST"] = "n[0-3]"
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    calls = log.read_text().splitlines()
+    secret_file = config.run_dir / "launch" / "secret"
+    assert calls[0] == f"secret= -m tir_rl.run_secret {secret_file}"
+    servers = [c for c in calls if "vllm.entrypoints" in c]
+    assert len(servers) == 2 and all(c.startswith(f"secret={secret_file} ") for c in servers)
+    trainers = [c for c in calls if " train " in c]
+    assert len(trainers) == 2
+    for rank, call in enumerate(trainers):
+        assert call.startswith("secret= ")  # the trainer reads the secret's path from its config
+        assert "--nproc-per-node 4 --nnodes 2 --master-addr n0 --master-port 29500" in call
+        assert call.endswith(f"--node-rank {rank}")
+        assert "engine.http.base_urls=[http://n2:8000,http://n3:8000]" in call
+        assert f"engine.http.api_key_file={secret_file}" in call
+
+
+def test_a_node_s_place_in_a_multi_node_job_is_checked():
+    from tir_rl.cli import _nodes, build_parser
+
+    parse = build_parser().parse_args
+    assert _nodes(parse(["train", "--config", "x.yaml"])) is None
+    nodes = _nodes(parse(["train", "--nnodes", "2", "--node-rank", "1", "--master-addr", "h",
+                          "--master-port", "29500"]))  # fmt: skip
+    assert nodes is not None and nodes.torchrun_flags() == [
+        "--nnodes=2", "--node-rank=1", "--master-addr=h", "--master-port=29500"
+    ]  # fmt: skip
+    with pytest.raises(ConfigError, match="needs --node-rank"):
+        _nodes(parse(["train", "--nnodes", "2"]))
+    with pytest.raises(ConfigError, match="add --nnodes"):
+        _nodes(parse(["train", "--node-rank", "1"]))
+    with pytest.raises(ConfigError, match="not in 0..1"):
+        _nodes(parse(["train", "--nnodes", "2", "--node-rank", "2", "--master-addr", "h",
+                      "--master-port", "1"]))  # fmt: skip

@@ -193,17 +193,22 @@ def exec_under_torchrun(
     *,
     resume: str | None = None,
     verbose: bool = False,
+    nodes: tdist.Nodes | None = None,
 ) -> NoReturn:
-    """Replace this process by `torchrun --standalone --nproc-per-node N -m tir_rl.cli train`.
+    """Replace this process by `torchrun --nproc-per-node N -m tir_rl.cli train`.
 
     The ranks get the same `--config`, `--set` and `--resume` arguments. Unless
-    `OMP_NUM_THREADS` is set, each rank gets `cores // N` torch threads.
+    `OMP_NUM_THREADS` is set, each rank gets `cores // N` torch threads. Without `nodes`
+    the job is this machine's (`--standalone`); with it, this node's part of a job across
+    `nodes.count` nodes, each launched with the same arguments and its own node rank.
 
     Raises:
         ConfigError: already running under torchrun.
     """
     if "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ:
-        raise ConfigError("--nproc-per-node starts torchrun itself; under torchrun, drop it.")
+        raise ConfigError(
+            "--nproc-per-node and --nnodes start torchrun themselves; under torchrun, drop them."
+        )
     args = [*(["-v"] if verbose else []), "train"]
     args += ["--config", config] if config else []
     args += ["--resume", resume] if resume else []
@@ -211,7 +216,7 @@ def exec_under_torchrun(
         args += ["--set", override]
     cores = len(available_cores())
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // nproc_per_node)))
-    command = tdist.torchrun_command(nproc_per_node, "tir_rl.cli", args)
+    command = tdist.torchrun_command(nproc_per_node, "tir_rl.cli", args, nodes=nodes)
     logger.info("running %s", " ".join(command))
     os.execv(command[0], command)
 

@@ -5,7 +5,8 @@ MultiHop) and saves each step's trajectories as `trajectories_stepN.pt` in the r
 so the test can replay step 1 in one process.
 
 With `TIR_TEST_RANK_DIR` set, each rank writes its output to `rank{R}.log`, its pid to
-`rank{R}.pid` and its exit status to `rank{R}.exit` there (no `.exit` file: the rank was
+`rank{R}.pid`, its node rank and the ranks on its node to `rank{R}.place`, and its exit
+status to `rank{R}.exit` there (no `.exit` file: the rank was
 killed). With `TIR_TEST_PARITY_FAILS_AT_SYNC=N`, the N-th parity probe of the run (1-based)
 raises a ParityError, as a real sampler/trainer disagreement would.
 
@@ -79,6 +80,7 @@ def main(argv: list[str]) -> int:
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
     Path(f"{base}.pid").write_text(str(os.getpid()))
+    Path(f"{base}.place").write_text(f"{os.environ['GROUP_RANK']} {os.environ['LOCAL_WORLD_SIZE']}")
     logging.basicConfig(
         level=logging.INFO,
         format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s",

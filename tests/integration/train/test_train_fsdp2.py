@@ -1,4 +1,10 @@
-"""`tir-rl train` as a two-process FSDP2 job on the CPU (torchrun, gloo), tiny model, real vLLM."""
+"""`tir-rl train` as a two-process FSDP2 job on the CPU (torchrun, gloo), tiny model, real vLLM.
+
+Some runs are one node with two ranks, the others two "nodes" of one rank each: two torchrun
+launches on this machine joined through a static rendezvous at node 0, as `--nnodes 2` runs
+on a cluster. The two-node runs are the plain run, and the Ctrl-C (to node 0 only, as a
+terminal's) followed by `--resume`.
+"""
 
 from __future__ import annotations
 
@@ -30,8 +36,11 @@ ROOT = Path(__file__).resolve().parents[3]
 WORKER = Path(__file__).with_name("fsdp2_train_worker.py")
 
 
-def _train_command(out: Path, *extra: str, resume: Path | None = None) -> list[str]:
-    """torchrun running the worker's `tir-rl train` on two ranks, the test config."""
+def _train_command(
+    out: Path, *extra: str, resume: Path | None = None, node: tdist.Nodes | None = None
+) -> list[str]:
+    """torchrun running the worker's `tir-rl train` on two ranks (one per node with `node`),
+    the test config."""
     args = ["train"]
     if resume is not None:
         args += ["--resume", str(resume)]
@@ -41,7 +50,14 @@ def _train_command(out: Path, *extra: str, resume: Path | None = None) -> list[s
             args += ["--set", override]
     for override in extra:
         args += ["--set", override]
-    return tdist.torchrun_command(2, "tir_rl.cli", [])[:-2] + [str(WORKER), *args]
+    per_node = 2 if node is None else 1
+    torchrun = tdist.torchrun_command(per_node, "tir_rl.cli", [], nodes=node)[:-2]
+    return [*torchrun, str(WORKER), *args]
+
+
+def _two_nodes() -> list[tdist.Nodes]:
+    port = tdist.free_port()
+    return [tdist.Nodes(2, rank, "127.0.0.1", port) for rank in range(2)]
 
 
 BASE_OVERRIDES = [
@@ -60,14 +76,15 @@ BASE_OVERRIDES = [
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
+    """The test config trained on two nodes of one rank each."""
     out = tmp_path_factory.mktemp("runs")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(_train_command(out), env=env, capture_output=True, text=True, timeout=540)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    outcomes = _finish(_start(out, nodes=True), out)
+    assert [o.exit_code for o in outcomes] == [0, 0], _logs(outcomes)
+    assert [(o.node, o.ranks_on_node) for o in outcomes] == [(0, 1), (1, 1)]
     return out / "fsdp2_cpu"
 
 
-def test_two_process_run_writes_metrics_and_a_loadable_checkpoint(run_dir):
+def test_two_node_run_writes_metrics_and_a_loadable_checkpoint(run_dir):
     rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "train/loss" in r]
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
@@ -112,37 +129,54 @@ class RankOutcome:
     exit_code: int | None
     """None: the rank never returned (killed)."""
     log: str
+    node: int
+    """Its node's rank in the job (torchrun's GROUP_RANK)."""
+    ranks_on_node: int
 
 
-def _start(out: Path, *extra: str, resume: Path | None = None, **env: str) -> subprocess.Popen:
+def _start(
+    out: Path, *extra: str, resume: Path | None = None, nodes: bool = False, **env: str
+) -> list[subprocess.Popen]:
+    """The job's torchrun launches: one, or one per node (node 0 first)."""
     ranks = out / "ranks"
     ranks.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(
-        _train_command(out, *extra, resume=resume),
-        env={**os.environ, "OMP_NUM_THREADS": "1", "TIR_TEST_RANK_DIR": str(ranks), **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # its own process group, as a terminal's Ctrl-C reaches it
-    )
+    return [
+        subprocess.Popen(
+            _train_command(out, *extra, resume=resume, node=node),
+            env={**os.environ, "OMP_NUM_THREADS": "1", "TIR_TEST_RANK_DIR": str(ranks), **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # its own process group, as a terminal's Ctrl-C reaches it
+        )
+        for node in (_two_nodes() if nodes else [None])
+    ]
 
 
-def _finish(proc: subprocess.Popen, out: Path, *, timeout_s: float = 540) -> list[RankOutcome]:
+def _finish(
+    launches: list[subprocess.Popen], out: Path, *, timeout_s: float = 540
+) -> list[RankOutcome]:
+    deadline = time.monotonic() + timeout_s
     try:
-        proc.communicate(timeout=timeout_s)
+        for proc in launches:
+            proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        for proc in launches:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     outcomes = []
     for rank in range(2):
         base = out / "ranks" / f"rank{rank}"
         exit_file = base.with_suffix(".exit")
+        node, ranks_on_node = map(int, base.with_suffix(".place").read_text().split())
         outcomes.append(
             RankOutcome(
                 pid=int(base.with_suffix(".pid").read_text()),
                 exit_code=int(exit_file.read_text()) if exit_file.exists() else None,
                 log=base.with_suffix(".log").read_text(),
+                node=node,
+                ranks_on_node=ranks_on_node,
             )
         )
         exit_file.unlink(missing_ok=True)  # a resumed run in `out` writes its own
@@ -177,6 +211,7 @@ def test_a_guard_stop_stops_every_rank_together(tmp_path):
     outcomes = _finish(proc, tmp_path)
     logs = _logs(outcomes)
     assert [o.exit_code for o in outcomes] == [0, 0], logs
+    assert [(o.node, o.ranks_on_node) for o in outcomes] == [(0, 2), (0, 2)]  # one node
     for outcome in outcomes:
         assert "collapse guard asked to stop at step 0" in outcome.log, logs
     run_dir = tmp_path / "fsdp2_cpu"
@@ -192,7 +227,7 @@ def test_a_parity_error_stops_every_rank_with_its_message(tmp_path):
     proc = _start(tmp_path, TIR_TEST_PARITY_FAILS_AT_SYNC="1")  # the sync after step 1
     outcomes = _finish(proc, tmp_path)
     logs = _logs(outcomes)
-    assert proc.returncode != 0
+    assert proc[0].returncode != 0
     for outcome in outcomes:
         # Printed once the rank is through the run's teardown (rank 0's engine closed).
         errors = [x for x in outcome.log.splitlines() if x.startswith("tir-rl train: error:")]
@@ -213,25 +248,27 @@ ASYNC = ("run.max_staleness=2", "rollout.seed=null")
 
 @pytest.fixture(scope="module")
 def interrupted(tmp_path_factory) -> tuple[Path, list[RankOutcome]]:
-    """The run of `run_dir` made asynchronous (k = 2), Ctrl-C'd (SIGINT to its process
-    group) once step 1 is logged."""
+    """The two-node run of `run_dir` made asynchronous (k = 2), Ctrl-C'd once step 1 is
+    logged: SIGINT to node 0's process group only, as a terminal's Ctrl-C on node 0."""
     out = tmp_path_factory.mktemp("interrupted")
-    proc = _start(out, *ASYNC)
+    launches = _start(out, *ASYNC, nodes=True)
     metrics = out / "fsdp2_cpu" / "metrics.jsonl"
     deadline = time.monotonic() + 480
-    while proc.poll() is None and time.monotonic() < deadline:
+    while launches[0].poll() is None and time.monotonic() < deadline:
         if metrics.exists() and _train_rows(metrics.parent):
-            os.killpg(proc.pid, signal.SIGINT)
+            os.killpg(launches[0].pid, signal.SIGINT)
             break
         time.sleep(0.2)
-    return out, _finish(proc, out, timeout_s=120)
+    return out, _finish(launches, out, timeout_s=120)
 
 
 def test_ctrl_c_checkpoints_and_every_rank_exits_cleanly(interrupted):
     out, outcomes = interrupted
     logs = _logs(outcomes)
-    # Each rank returned 0 (None: torchrun had to kill it after its 30 s grace).
+    # Each rank returned 0 (None: torchrun had to kill it after its 30 s grace), node 1's too,
+    # which got no signal: rank 0 told it.
     assert [o.exit_code for o in outcomes] == [0, 0], logs
+    assert [o.node for o in outcomes] == [0, 1]
     for outcome in outcomes:
         assert "interrupted: saving a checkpoint at step 1" in outcome.log, logs
     ckpt = latest_checkpoint(out / "fsdp2_cpu")
@@ -243,7 +280,7 @@ def test_ctrl_c_checkpoints_and_every_rank_exits_cleanly(interrupted):
 def test_resume_after_ctrl_c_trains_the_tasks_the_uninterrupted_run_trains(run_dir, interrupted):
     out, _ = interrupted
     resumed_dir = out / "fsdp2_cpu"
-    outcomes = _finish(_start(out, resume=resumed_dir), out)
+    outcomes = _finish(_start(out, resume=resumed_dir, nodes=True), out)
     logs = _logs(outcomes)
     assert [o.exit_code for o in outcomes] == [0, 0], logs
     rows = _train_rows(resumed_dir)
