@@ -550,6 +550,24 @@ def rank0_share(
     return None, part  # type: ignore[return-value]
 
 
+_LOST_PEER_SIGNS = (
+    "connection reset by peer",
+    "connection closed by peer",
+    "broken pipe",
+    "socket closed",
+    "remote process exited",
+    "nccl communicator was aborted",
+)
+
+
+def is_lost_peer(exc: BaseException) -> bool:
+    """Whether `exc`, raised in a collective, says another rank went away."""
+    if isinstance(exc, dist.DistBackendError | dist.DistNetworkError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(sign in text for sign in _LOST_PEER_SIGNS)
+
+
 @dataclass(frozen=True)
 class Nodes:
     """Where this node stands in a multi-node job (torchrun's static rendezvous)."""

@@ -60,6 +60,10 @@ class EnvironmentSpecError(TirError):
     """A user environment violates the ToolEnv API."""
 
 
+class RankLostError(TirError):
+    """Another rank of a multi-rank job stopped answering (killed, crashed, or its node lost)."""
+
+
 class SetupError(TirError):
     """A required component is not installed; the message names the set-up command."""
 

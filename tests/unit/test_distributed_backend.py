@@ -31,3 +31,12 @@ def test_a_gloo_group_is_refused_for_a_cuda_trainer_and_accepted_for_a_cpu_one(t
 def test_no_group_means_nothing_to_check():
     assert not tdist.is_initialized()
     tdist.check_backend(torch.device("cuda", 0))
+
+
+def test_a_lost_peer_is_told_from_other_errors():
+    is_lost_peer = tdist.is_lost_peer
+    gloo = "[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:1: Connection reset by peer"
+    assert is_lost_peer(RuntimeError(gloo))
+    assert is_lost_peer(dist.DistNetworkError("the store went away"))
+    assert not is_lost_peer(RuntimeError("shape mismatch: [2, 3] and [3, 2]"))
+    assert not is_lost_peer(ValueError("connection reset by peer"))  # not from a collective

@@ -59,7 +59,7 @@ import torch
 from tir_rl import distributed as tdist
 from tir_rl.config import dump, load, to_dict
 from tir_rl.cpu_cores import available_cores, restored_affinity
-from tir_rl.errors import ConfigError, ParityError, TirError
+from tir_rl.errors import ConfigError, ParityError, RankLostError, TirError
 from tir_rl.mismatch.injection import MismatchInjection
 from tir_rl.report.eval_stats import bootstrap_paired_change
 from tir_rl.report.step_metrics import StepOutcome
@@ -134,6 +134,15 @@ def run_train(config: RunConfig, *, resume: bool = False) -> TrainSummary:
     )
     try:
         return _run_train(config, resume=resume)
+    except Exception as exc:
+        if tdist.world_size() > 1 and tdist.is_lost_peer(exc):
+            raise RankLostError(
+                f"another rank of this {tdist.world_size()}-rank job stopped answering during "
+                f"a collective ({str(exc).splitlines()[0][:200]}). The run stops here; its "
+                f"newest checkpoint is in {config.run_dir}. Find why in the other ranks' logs, "
+                f"then continue on every node with: tir-rl train --resume {config.run_dir}"
+            ) from exc
+        raise
     finally:
         if owns_group:
             tdist.destroy_process_group()

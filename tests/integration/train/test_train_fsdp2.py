@@ -292,3 +292,35 @@ def test_resume_after_ctrl_c_trains_the_tasks_the_uninterrupted_run_trains(run_d
     straight = torch.load(run_dir / "trajectories_step2.pt", weights_only=False)
     assert [t.group_id for t in resumed] == [t.group_id for t in straight]
     _assert_no_engine_left(outcomes)
+
+
+def test_a_rank_killed_on_node_1_ends_both_nodes_and_the_run_resumes(tmp_path):
+    """SIGKILL to rank 1 (node 1) once step 1's checkpoint is on disk: node 0 must not hang
+    on its next collective, no engine may outlive it, and `--resume` finishes the run."""
+    launches = _start(tmp_path, "run.checkpoint_every=1", nodes=True)
+    run_dir = tmp_path / "fsdp2_cpu"
+    pid_file = tmp_path / "ranks" / "rank1.pid"
+    deadline = time.monotonic() + 480
+    while time.monotonic() < deadline and all(p.poll() is None for p in launches):
+        if latest_checkpoint(run_dir) is not None and pid_file.exists():
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("no checkpoint within 480 s, or a node ended first")
+    killed_at = time.monotonic()
+    outcomes = _finish(launches, tmp_path, timeout_s=180)
+    logs = _logs(outcomes)
+    assert time.monotonic() - killed_at < 170, logs  # node 0 noticed; it did not sit on a timeout
+    assert outcomes[1].exit_code is None, logs  # rank 1 never returned
+    assert outcomes[0].exit_code == 2 and all(p.returncode != 0 for p in launches), logs
+    _assert_no_engine_left(outcomes)
+    # Rank 0 says what happened and what to do, once its engine is closed.
+    (error,) = [x for x in outcomes[0].log.splitlines() if x.startswith("tir-rl train: error:")]
+    assert "another rank of this 2-rank job stopped answering" in error, logs
+    assert f"tir-rl train --resume {run_dir}" in error, logs
+    assert [r["step"] for r in _train_rows(run_dir)] == [1], logs  # killed before step 2
+    assert latest_checkpoint(run_dir).name == "step_1", logs
+    resumed = _finish(_start(tmp_path, resume=run_dir, nodes=True), tmp_path)
+    assert [o.exit_code for o in resumed] == [0, 0], _logs(resumed)
+    assert [r["step"] for r in _train_rows(run_dir)][-1] == 2
