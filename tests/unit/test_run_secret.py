@@ -121,3 +121,17 @@ def test_a_weights_folder_others_can_write_is_refused(tmp_path):
     os.chmod(shared, 0o777)
     with pytest.raises(ConfigError, match="chmod go-w"):
         publish_state_dict({"w": torch.ones(1)}, shared, version=1)
+
+
+def test_a_client_reads_its_key_from_the_file_it_names(tmp_path, monkeypatch):
+    from tir_rl.engine.vllm_http import ServerAddress, authorization_headers
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    secret = RunSecret.generate()
+    secret.write(tmp_path / ".tir-rl" / "run.secret")
+    address = ServerAddress(base_url="http://h:1", api_key_file="~/.tir-rl/run.secret")
+    assert authorization_headers(address) == {"Authorization": secret.authorization}
+    assert authorization_headers(ServerAddress(base_url="http://h:1")) == {}
+    (tmp_path / ".tir-rl" / "run.secret").chmod(0o644)
+    with pytest.raises(ConfigError, match="chmod 600"):
+        authorization_headers(address)

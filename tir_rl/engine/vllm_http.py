@@ -624,7 +624,8 @@ def authorization_headers(address: ServerAddress) -> dict[str, str]:
         ConfigError: `api_key_file` is not a valid secret file (missing, open to others).
     """
     if address.api_key_file is not None:
-        return {"Authorization": RunSecret.read(Path(address.api_key_file)).authorization}
+        secret = RunSecret.read(Path(address.api_key_file).expanduser())
+        return {"Authorization": secret.authorization}
     if address.api_key:
         return {"Authorization": f"Bearer {address.api_key}"}
     return {}
