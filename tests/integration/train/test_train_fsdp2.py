@@ -294,9 +294,11 @@ def test_resume_after_ctrl_c_trains_the_tasks_the_uninterrupted_run_trains(run_d
     _assert_no_engine_left(outcomes)
 
 
-def test_a_rank_killed_on_node_1_ends_both_nodes_and_the_run_resumes(tmp_path):
+def test_a_rank_killed_on_node_1_ends_both_nodes_with_the_resume_command(tmp_path):
     """SIGKILL to rank 1 (node 1) once step 1's checkpoint is on disk: node 0 must not hang
-    on its next collective, no engine may outlive it, and `--resume` finishes the run."""
+    on its next collective, no engine may outlive it, and the checkpoint must be there to
+    resume from (resuming on two nodes is `test_resume_after_ctrl_c_...`'s; once run here
+    too, it finished the run, but cost about 90 s of CI)."""
     launches = _start(tmp_path, "run.checkpoint_every=1", nodes=True)
     run_dir = tmp_path / "fsdp2_cpu"
     pid_file = tmp_path / "ranks" / "rank1.pid"
@@ -321,6 +323,3 @@ def test_a_rank_killed_on_node_1_ends_both_nodes_and_the_run_resumes(tmp_path):
     assert f"tir-rl train --resume {run_dir}" in error, logs
     assert [r["step"] for r in _train_rows(run_dir)] == [1], logs  # killed before step 2
     assert latest_checkpoint(run_dir).name == "step_1", logs
-    resumed = _finish(_start(tmp_path, resume=run_dir, nodes=True), tmp_path)
-    assert [o.exit_code for o in resumed] == [0, 0], _logs(resumed)
-    assert [r["step"] for r in _train_rows(run_dir)][-1] == 2
