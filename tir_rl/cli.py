@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tir_rl import termination
 from tir_rl.errors import ConfigError, TirError
 
 if TYPE_CHECKING:
@@ -216,6 +217,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
                 gpus_per_node=args.gpus_per_node,
                 nproc_per_node=args.nproc_per_node,
                 trainer_nodes=args.trainer_nodes,
+                python=args.python,
             ),
             end="",
         )
@@ -574,7 +576,15 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["slurm"],
         help="print the multi-node launch instead of starting anything",
     )
-    p.add_argument("--gpus-per-node", type=int, default=1, help="Slurm: GPUs per node")
+    p.add_argument(
+        "--gpus-per-node", type=int, default=1, help="Slurm: GPUs per node (0: a CPU cluster)"
+    )
+    p.add_argument(
+        "--python",
+        default=sys.executable,
+        help="Slurm: the nodes' Python with tir-rl installed (default: this one, which suits "
+        "an environment on a file system the nodes mount)",
+    )
     p.add_argument(
         "--trainer-nodes",
         type=int,
@@ -676,29 +686,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def exit_on_sigterm() -> None:
-    """Make SIGTERM unwind the stack like an exception (exit status 143).
-
-    Python's default SIGTERM handling ends the process without running `finally` blocks, which
-    leaves vLLM's engine and worker processes running (holding gigabytes each) and a training
-    run without its last checkpoint. Under torchrun the launcher owns termination, so ranks
-    keep the default there (a checkpoint would wait on collectives of ranks already gone).
-    """
-    import os
-    import signal
-    import threading
-
-    if os.environ.get("WORLD_SIZE", "1") != "1":
-        return
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def raise_system_exit(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, raise_system_exit)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `tir-rl` console script."""
     args = build_parser().parse_args(argv)
@@ -706,7 +693,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    exit_on_sigterm()
+    termination.exit_on_sigterm()
     try:
         return args.func(args)
     except TirError as exc:

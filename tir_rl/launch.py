@@ -283,7 +283,7 @@ def slurm_script(
         weights_dir: the published weights' folder, on a file system every node mounts at
             the same path.
         port: each server's port on its node.
-        gpus_per_node: `--gpus-per-node` of the allocation.
+        gpus_per_node: `--gpus-per-node` of the allocation (0: a CPU cluster, no GPU asked).
         nproc_per_node: trainer ranks per trainer node (FSDP2 under torchrun).
         trainer_nodes: nodes the trainer spans (`tir-rl train --nnodes`, rendezvous at
             node 0, where rank 0 runs the rollouts).
@@ -315,36 +315,46 @@ def slurm_script(
         weights = '--set "engine.transfer_address=${nodes[0]}"'
     else:
         weights = f"--set engine.weights_dir={shlex.quote(weights_dir)}"
+    logs_q = shlex.quote(str(logs))
     secret_file = shlex.quote(str(logs / SECRET_FILE_NAME))
+    gpus = f"#SBATCH --gpus-per-node={gpus_per_node}\n" if gpus_per_node > 0 else ""
     new_secret = shlex.join([python, "-m", "tir_rl.run_secret"])
     return f"""#!/bin/bash
 #SBATCH --job-name=tir-rl-{config.run.name}
 #SBATCH --nodes={servers + trainer_nodes}
 #SBATCH --ntasks-per-node=1
-#SBATCH --gpus-per-node={gpus_per_node}
-#SBATCH --output={logs}/slurm-%j.out
+{gpus}#SBATCH --output={logs}/slurm-%j.out
 # Written by `tir-rl launch --emit slurm`. Nodes 0..{trainer_nodes - 1} train, the next
 # {servers} serve the model. The run folder and the model are on a file system all nodes mount.
 set -euo pipefail
 umask 077
-mkdir -p {shlex.quote(str(logs))}
+mkdir -p {logs_q}
 # The run's secret: a fresh one per job, mode 600; the servers ask every caller for it.
 {new_secret} {secret_file}
 mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 trainers=("${{nodes[@]:0:{trainer_nodes}}}")
 servers=("${{nodes[@]:{trainer_nodes}}}")
 urls=()
+server_steps=()
 for host in "${{servers[@]}}"; do
     srun --nodes=1 --ntasks=1 -w "$host" \\
         env VLLM_SERVER_DEV_MODE=1 {SECRET_FILE_ENV}={secret_file} {serve} \\
-        > {shlex.quote(str(logs))}/server-"$host".log 2>&1 &
+        > {logs_q}/server-"$host".log 2>&1 &
+    server_steps+=($!)
     urls+=("http://$host:{port}")
 done
 trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
 # The header comes from a file descriptor: the secret never appears on a command line.
-for url in "${{urls[@]}}"; do
+for i in "${{!urls[@]}}"; do
     until curl -sf -H @<(printf 'Authorization: Bearer %s\\n' "$(< {secret_file})") \\
-        "$url/health" > /dev/null; do sleep 5; done
+        "${{urls[i]}}/health" > /dev/null; do
+        if ! kill -0 "${{server_steps[i]}}" 2> /dev/null; then
+            echo "tir-rl: the server on ${{servers[i]}} exited while starting; its log is" \\
+                {logs_q}/server-"${{servers[i]}}".log >&2
+            exit 1
+        fi
+        sleep 5
+    done
 done
 joined=$(IFS=,; echo "${{urls[*]}}")
 train=({train}

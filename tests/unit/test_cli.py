@@ -71,17 +71,18 @@ def test_lora_on_several_ranks_is_refused_before_torchrun_starts(monkeypatch, ca
     assert "trainer.lora.enabled runs on one rank only" in capsys.readouterr().err
 
 
-def test_sigterm_unwinds_so_finally_blocks_run(monkeypatch) -> None:
+def test_sigterm_unwinds_so_finally_blocks_run_and_is_remembered(monkeypatch) -> None:
     import os
     import signal
 
-    from tir_rl.cli import exit_on_sigterm
+    from tir_rl import termination
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     previous = signal.getsignal(signal.SIGTERM)
     cleaned = []
     try:
-        exit_on_sigterm()
+        termination.exit_on_sigterm()
+        termination.raise_if_terminated()  # nothing came yet
         with pytest.raises(SystemExit) as exc:
             try:
                 os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before the next line
@@ -90,18 +91,22 @@ def test_sigterm_unwinds_so_finally_blocks_run(monkeypatch) -> None:
                 cleaned.append(True)
         assert exc.value.code == 128 + signal.SIGTERM
         assert cleaned == [True]  # unwound straight to the finally block
+        # a SystemExit swallowed where it landed (a finalizer) is raised again at a safe point
+        with pytest.raises(SystemExit):
+            termination.raise_if_terminated()
     finally:
         signal.signal(signal.SIGTERM, previous)
+        termination.forget()
 
 
 def test_sigterm_keeps_the_default_under_torchrun(monkeypatch) -> None:
     import signal
 
-    from tir_rl.cli import exit_on_sigterm
+    from tir_rl import termination
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     previous = signal.getsignal(signal.SIGTERM)
-    exit_on_sigterm()
+    termination.exit_on_sigterm()
     assert signal.getsignal(signal.SIGTERM) is previous
 
 

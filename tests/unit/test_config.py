@@ -48,6 +48,9 @@ def test_a_mapping_override_merges_into_the_files_and_an_empty_one_clears_it(tmp
     assert config.load(Root, path, ["options={b: 3}"]).options == {"a": 1, "b": 3}
     assert config.load(Root, path, ["options.c=4"]).options == {"a": 1, "b": 2, "c": 4}
     assert config.load(Root, path, ["options={}"]).options == {}
+    # in the order given: a later override merges into what the earlier ones left
+    assert config.load(Root, path, ["options={}", "options={c: 5}"]).options == {"c": 5}
+    assert config.load(Root, path, ["options.a=7", "options={}"]).options == {}
 
 
 def test_unknown_key_names_the_nearest_valid_key():

@@ -32,6 +32,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "process_owner",
             "cpu_cores",
             "run_secret",
+            "termination",
             "console",
             "metric",
             "models",

@@ -90,7 +90,7 @@ def test_the_slurm_script_trains_on_node_0_and_serves_on_the_others(tmp_path):
     script = slurm_script(
         config, tmp_path / "train.yaml", servers=3, weights_dir="/shared/w", nproc_per_node=4
     )
-    assert "#SBATCH --nodes=4" in script
+    assert "#SBATCH --nodes=4" in script and "#SBATCH --gpus-per-node=1" in script
     assert "env VLLM_SERVER_DEV_MODE=1 TIR_RL_RUN_SECRET_FILE=" in script
     assert "--host 0.0.0.0" in script and f"--middleware {SERVER_GUARD}" in script
     secret_file = config.run_dir / "launch" / "secret"
@@ -103,6 +103,10 @@ def test_the_slurm_script_trains_on_node_0_and_serves_on_the_others(tmp_path):
     bash = shutil.which("bash")
     assert bash is not None
     subprocess.run([bash, "-n"], input=script, text=True, check=True)  # it parses
+    cpu_only = slurm_script(
+        config, tmp_path / "t.yaml", servers=1, weights_dir="/w", gpus_per_node=0
+    )
+    assert "--gpus-per-node" not in cpu_only  # a CPU partition has no GPU to ask for
     with pytest.raises(ConfigError, match="needs --weights-dir"):
         slurm_script(config, tmp_path / "train.yaml", servers=2, weights_dir="")
     with pytest.raises(ConfigError, match="at least 1"):

@@ -104,7 +104,8 @@ def load(cls: type[C], path: str | Path | None = None, overrides: Sequence[str] 
     """Load config `cls` from a YAML file (optional) plus `--set` overrides.
 
     An override merges into the file's mapping (`--set env.kwargs={horizon: 4}` keeps the
-    file's other options); `{}` clears it (`--set env.kwargs={}`).
+    file's other options); `{}` clears it (`--set env.kwargs={}`). Overrides apply in the
+    order given, so `--set env.kwargs={} --set env.kwargs={horizon: 4}` leaves `{horizon: 4}`.
     """
     data: dict[str, Any] = {}
     if path is not None:
@@ -115,7 +116,9 @@ def load(cls: type[C], path: str | Path | None = None, overrides: Sequence[str] 
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
         data = loaded
-    return from_dict(cls, merge(data, parse_overrides(overrides), empty_clears=True))
+    for override in overrides:
+        data = merge(data, parse_overrides([override]), empty_clears=True)
+    return from_dict(cls, data)
 
 
 def dump(config: Any, path: str | Path) -> None:

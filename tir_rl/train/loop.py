@@ -48,6 +48,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import torch
 
 from tir_rl import distributed as tdist
+from tir_rl import termination
 from tir_rl.config import dump, load, to_dict
 from tir_rl.cpu_cores import available_cores, restored_affinity
 from tir_rl.errors import ConfigError, ParityError, RankLostError, TirError
@@ -132,6 +134,8 @@ def run_train(config: RunConfig, *, resume: bool = False) -> TrainSummary:
     owns_group = not tdist.is_initialized() and tdist.init_process_group(
         device=_collective_device(config), timeout_s=_COLLECTIVE_TIMEOUT_S
     )
+    if tdist.world_size() > 1:  # which machine holds which rank, for the job's log
+        logger.info("rank %d of %d on %s", tdist.rank(), tdist.world_size(), socket.gethostname())
     try:
         return _run_train(config, resume=resume)
     except Exception as exc:
@@ -334,6 +338,7 @@ class _TrainLoop:
             steps = range(self.start_step, cfg.steps)
             bar = tqdm(steps, desc="train", unit="step") if self.rank0 else None
             for step in bar if bar is not None else steps:
+                termination.raise_if_terminated()
                 row, stop = self._step(step)
                 if bar is not None:
                     bar.set_postfix(
@@ -370,6 +375,14 @@ class _TrainLoop:
             logger.warning("interrupted: saving a checkpoint at step %d", self.summary.steps_done)
             self.summary.interrupted = True
             self.ended_together = True
+        except SystemExit:
+            if termination.requested():
+                logger.warning(
+                    "terminated (SIGTERM): saving a checkpoint at step %d; resume the run with "
+                    "--resume",
+                    self.summary.steps_done,
+                )
+            raise
         except ParityError:
             self.ended_together = True
             self._stop_producer()
