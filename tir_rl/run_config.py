@@ -322,7 +322,9 @@ def configuration_reference() -> str:
         "key is an error that names the nearest valid one. `correction_preset` names a recipe",
         "(see docs/mismatch.md) whose fields the `correction` section can override. A mapping",
         "given with `--set` merges into the file's (`--set env.kwargs={horizon: 4}` keeps its",
-        "other options); an empty one clears it (`--set env.kwargs={}`).",
+        "other options); an empty one clears it (`--set env.kwargs={}`). Overrides apply in",
+        "the order given: `--set env.kwargs={} --set env.kwargs={horizon: 4}` leaves `horizon`",
+        "alone.",
         "",
     ]
     return reference(RunConfig, header=header)
