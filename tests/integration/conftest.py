@@ -18,6 +18,8 @@ class Served:
 
     url: str
     api_key_file: str
+    pid: int
+    """The API server's process (its engine core is a child)."""
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +50,7 @@ def vllm_serve(tmp_path_factory):
         processes: list[psutil.Process] = []
         with running_servers([plan], secret_file) as (server,):
             processes = [psutil.Process(server.pid), *psutil.Process(server.pid).children(True)]
-            yield Served(plan.url, str(secret_file))
+            yield Served(plan.url, str(secret_file), server.pid)
         _gone, alive = psutil.wait_procs(processes, timeout=30)
         for process in alive:
             process.kill()

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tir_rl.engine.base import Engine
-from tir_rl.engine.pool import EnginePool, Routing
+from tir_rl.engine.pool import EnginePool, HangCheck, Routing
 from tir_rl.engine.vllm_http import ServerAddress, VLLMHttpEngine
 from tir_rl.engine.vllm_local import VLLMLocalEngine
 from tir_rl.engine.weights_io import read_checkpoint_weights
@@ -191,6 +191,7 @@ def _build_pool(config: EngineConfig, model_path: Path) -> EnginePool:
             seed=config.seed or 0,
             transfer=config.weight_transfer,
             transfer_address=config.transfer_address,
+            hang_check=HangCheck(config.http.hang_check_s, config.http.health_timeout_s),
         )
         logger.info("resetting %d servers to the weights of %s", len(members), model_path)
         asyncio.run(pool.update_weights(read_checkpoint_weights(model_path), version=0))

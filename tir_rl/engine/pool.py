@@ -13,6 +13,15 @@ its key moves there. Every other `EngineError` belongs to the request and is rai
 When no member is left, the request raises `EngineUnavailableError`. `stats()` counts the
 members up and the failovers, for the run's metrics.
 
+Hangs. A member that is hung rather than gone (its process stopped, swapped out, wedged)
+refuses nothing: its requests just wait, up to the client's whole timeout (10 minutes by
+default), and so does the step. So a request or a weight load that has waited
+`HangCheck.after_s` makes the pool ask its member whether it is alive
+(`PoolMember.responsive`, `/health` for a server); a member that fails two such checks in a
+row (no answer within `HangCheck.answer_within_s` each) is marked down like an unreachable
+one, and the request goes to another member. A member that answers keeps the request,
+however long it takes. A member marked down does not come back during the run.
+
 Weights. With `transfer` `file`, `update_weights` publishes the state dict once
 (`weights_io.publish_state_dict`, a folder every member reads) and has every member that is
 up load it, concurrently. With a transfer by vLLM's engines (`nccl`, `gloo`;
@@ -35,10 +44,10 @@ import logging
 import random
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from tir_rl.engine.base import Engine, GenerateRequest, GenerateResult, ModelInfo
 from tir_rl.engine.transfer import (
@@ -56,6 +65,7 @@ if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MAX_AFFINITY_KEYS = 65_536
 """Keys remembered at most (least recently used forgotten first): far more episodes than
@@ -80,6 +90,28 @@ class PoolMember(Engine, Protocol):
     async def load_published(self, weights: PublishedWeights) -> None:
         """Load a complete published version; raises `EngineError`."""
         ...
+
+    async def responsive(self, timeout_s: float) -> bool:
+        """Whether the engine answers a liveness check within `timeout_s` (a hung one does not)."""
+        ...
+
+
+@dataclass(frozen=True)
+class HangCheck:
+    """When the pool asks a member whether it is hung (module docstring, "Hangs")."""
+
+    after_s: float = 30.0
+    """A request or load that has waited this long asks its member; 0: never ask."""
+    answer_within_s: float = 10.0
+    """A member that does not answer the check within this is hung and leaves the pool."""
+
+    def validate(self) -> None:
+        """Raise `ConfigError` for a negative wait or a check with no time to answer."""
+        if self.after_s < 0 or self.answer_within_s <= 0:
+            raise ConfigError(
+                "engine.http.hang_check_s must be >= 0 (0: off) and "
+                f"engine.http.health_timeout_s > 0; got {self.after_s}, {self.answer_within_s}"
+            )
 
 
 @dataclass(frozen=True)
@@ -118,6 +150,7 @@ class EnginePool:
         seed: int = 0,
         transfer: WeightTransfer = WeightTransfer.FILE,
         transfer_address: str = "127.0.0.1",
+        hang_check: HangCheck = HangCheck(),
     ) -> None:
         """Pool `members` (name, engine), which must serve the same model the same way.
 
@@ -129,6 +162,7 @@ class EnginePool:
             seed: seeds `Routing.RANDOM`'s draws.
             transfer: how the weights reach the members (`tir_rl.engine.transfer`).
             transfer_address: this machine's address as the members reach it (`nccl`, `gloo`).
+            hang_check: when a waiting request asks its member whether it is hung.
 
         Raises:
             ConfigError: no member, members that disagree on the model or the dtype, or no
@@ -136,6 +170,8 @@ class EnginePool:
         """
         if not members:
             raise ConfigError("an engine pool needs at least one engine")
+        hang_check.validate()
+        self._hang_check = hang_check
         transfer = WeightTransfer(transfer)
         if weights_dir is None and not transfer.by_vllm_engine:
             raise ConfigError(
@@ -195,7 +231,7 @@ class EnginePool:
                 member = self._route(request.affinity)
                 member.in_flight += 1
             try:
-                result = await member.engine.generate(request)
+                result = await self._unless_hung(member, member.engine.generate(request))
             except EngineUnavailableError as exc:
                 with self._lock:
                     self._mark_down(member, exc)
@@ -214,7 +250,7 @@ class EnginePool:
             with self._lock:
                 member = self._route(None)
             try:
-                return await member.engine.prompt_logprobs(token_ids)
+                return await self._unless_hung(member, member.engine.prompt_logprobs(token_ids))
             except EngineUnavailableError as exc:
                 with self._lock:
                     self._mark_down(member, exc)
@@ -245,7 +281,8 @@ class EnginePool:
     async def _load_everywhere(self, published: PublishedWeights) -> None:
         live = self.members_up()
         outcomes = await asyncio.gather(
-            *(m.engine.load_published(published) for m in live), return_exceptions=True
+            *(self._unless_hung(m, m.engine.load_published(published)) for m in live),
+            return_exceptions=True,
         )
         failed: list[tuple[_Member, BaseException]] = []
         for member, outcome in zip(live, outcomes, strict=True):
@@ -288,6 +325,36 @@ class EnginePool:
                 "weight transfer: %d member(s) unreachable; sending again to the %d left",
                 len(lost), len(self.members_up()),
             )  # fmt: skip
+
+    async def _unless_hung(self, member: _Member, call: Coroutine[Any, Any, T]) -> T:
+        """Await `member`'s `call`; raise `EngineUnavailableError` if the member is hung.
+
+        Every `HangCheck.after_s` the call has not returned, the member is asked whether it
+        is alive; if it does not answer in time, the call is cancelled.
+        """
+        task = asyncio.ensure_future(call)
+        check = self._hang_check
+        if not check.after_s:
+            return await task
+        waited = 0.0
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=check.after_s)
+                if done:
+                    return task.result()
+                waited += check.after_s
+                if not await self._answers(member) and not await self._answers(member):
+                    raise EngineUnavailableError(
+                        f"{member.name} is hung: a call had waited {waited:.0f} s and two "
+                        f"liveness checks in a row got no answer within "
+                        f"{check.answer_within_s:.0f} s"
+                    )
+        finally:
+            if not task.done():
+                task.cancel()
+
+    async def _answers(self, member: _Member) -> bool:
+        return await member.engine.responsive(self._hang_check.answer_within_s)
 
     def close(self) -> None:
         """Close every member (idempotent)."""

@@ -110,6 +110,13 @@ class ServerAddress:
     """First retry delay; doubles on every further retry."""
     max_connections: int = 512
     """Concurrent HTTP connections (one per request in flight)."""
+    hang_check_s: float = 30.0
+    """A pool's request or weight load that has waited this long asks its server's `/health`;
+    a server that does not answer within `health_timeout_s` is hung (stopped, swapped out,
+    wedged): it leaves the pool and its requests go to another server. 0: never ask (a hung
+    server then holds its requests for `timeout_s`). Only with `base_urls`."""
+    health_timeout_s: float = 10.0
+    """How long a pool waits for a server's `/health` when it asks whether it is hung."""
 
 
 class VLLMHttpEngine:
@@ -155,6 +162,11 @@ class VLLMHttpEngine:
                 )
             if self.max_retries < 0 or self.backoff_s < 0:
                 raise ConfigError("engine.http.max_retries and engine.http.backoff_s must be >= 0")
+            if self.hang_check_s < 0 or self.health_timeout_s <= 0:
+                raise ConfigError(
+                    "engine.http.hang_check_s must be >= 0 (0: off) and "
+                    "engine.http.health_timeout_s > 0"
+                )
             if self.api_key is not None and self.api_key_file is not None:
                 raise ConfigError(
                     "engine.http.api_key and engine.http.api_key_file are both set: give the "
@@ -381,6 +393,21 @@ class VLLMHttpEngine:
     ) -> None:
         published = await asyncio.to_thread(publish_state_dict, state_dict, folder, version=version)
         await self._load(published)
+
+    async def responsive(self, timeout_s: float) -> bool:
+        """Whether the server answers `/health` with 200 within `timeout_s`."""
+        self._check_open()
+        return await self._loop.run(self._responsive(timeout_s))
+
+    async def _responsive(self, timeout_s: float) -> bool:
+        import httpx
+
+        url = f"{self.config.base_url.rstrip('/')}/health"
+        try:
+            response = await self._client.get(url, timeout=timeout_s)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
 
     async def load_published(self, weights: PublishedWeights) -> None:
         """Make the server reload a version published by `publish_state_dict`.

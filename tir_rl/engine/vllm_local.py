@@ -496,6 +496,10 @@ class VLLMLocalEngine:
             await asyncio.to_thread(write_state_dict, state_dict, self._weights_dir)
             await self._reload(str(self._weights_dir), version)
 
+    async def responsive(self, timeout_s: float) -> bool:
+        """True while open: the engine runs in this process, so a hang would hang the caller."""
+        return not self._closed
+
     async def load_published(self, weights: PublishedWeights) -> None:
         """Load a version published by `publish_state_dict` (how a pool shares one copy).
 

@@ -9,9 +9,10 @@ import torch
 from tir_rl.distributed import free_port
 from tir_rl.engine import GenerateRequest, VLLMHttpEngine, VLLMLocalEngine
 from tir_rl.engine.parity import probe_parity, transformers_logprobs
+from tir_rl.engine.pool import EnginePool, HangCheck
 from tir_rl.engine.transfer import WeightTransfer
 from tir_rl.engine.weights_io import publish_state_dict
-from tir_rl.errors import ConfigError, EngineError, ParityError
+from tir_rl.errors import ConfigError, EngineError, EngineUnavailableError, ParityError
 from tir_rl.run_secret import RunSecret
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -182,3 +183,24 @@ def test_every_route_of_the_server_refuses_a_caller_without_the_run_s_secret(
     without = VLLMHttpEngine.Config(base_url=server.url, served_model_name="tiny")
     with pytest.raises(EngineError, match="api_key_file"):
         VLLMHttpEngine(without)
+
+
+def test_a_stopped_server_fails_its_health_check_and_a_pool_leaves_it(server, engine, tmp_path):
+    """SIGSTOP: the server accepts connections but answers nothing (a hung, not a dead, one)."""
+    import psutil
+
+    assert asyncio.run(engine.responsive(10.0))
+    pool = EnginePool(
+        [(server.url, engine)], weights_dir=tmp_path, hang_check=HangCheck(1.0, 1.0)
+    )  # not closed: it would close the module's engine
+    api_server = psutil.Process(server.pid)
+    api_server.suspend()
+    try:
+        assert not asyncio.run(engine.responsive(1.0))
+        request = GenerateRequest(prompt_token_ids=PROMPT, max_tokens=4, affinity="ep")
+        with pytest.raises(EngineUnavailableError, match="every engine of the pool is down"):
+            asyncio.run(asyncio.wait_for(pool.generate(request), timeout=60))
+        assert pool.stats().members_up == 0  # left after ~2 s, not the client's 600 s
+    finally:
+        api_server.resume()
+    assert asyncio.run(engine.responsive(10.0))

@@ -31,4 +31,3 @@ def bwrap_pool(sandbox_image):
     pool = BwrapBackend(config=BwrapBackend.Config(pool_size=4)).make_pool()
     yield pool
     pool.close()
-

@@ -26,8 +26,9 @@ def test_hostile_input_is_contained(case, bwrap_ctx):
 
 def test_numpy_and_sympy_import_in_the_image_root(bwrap_pool):
     with EpisodeSandbox(bwrap_pool) as sb:
-        r = sb.run("import numpy, sympy\nint(numpy.arange(5).sum()), str(sympy.sqrt(8))",
-                   timeout_s=30)
+        r = sb.run(
+            "import numpy, sympy\nint(numpy.arange(5).sum()), str(sympy.sqrt(8))", timeout_s=30
+        )
     assert r.result == "(10, '2*sqrt(2)')"
 
 

@@ -45,21 +45,26 @@ def test_state_persists_within_an_episode_only(docker_pool):
 
 def test_call_function_round_trips_json(docker_pool):
     with EpisodeSandbox(docker_pool) as sb:
-        r = sb.call_function("def stats(xs):\n    return {'n': len(xs), 'mean': sum(xs) / len(xs)}",
-                             "stats", {"xs": [1.0, 2.0, 3.0]}, timeout_s=5)
+        r = sb.call_function(
+            "def stats(xs):\n    return {'n': len(xs), 'mean': sum(xs) / len(xs)}",
+            "stats",
+            {"xs": [1.0, 2.0, 3.0]},
+            timeout_s=5,
+        )
     assert r.ok and r.value == {"n": 3, "mean": 2.0}
 
 
 def test_pool_start_removes_leftovers_of_dead_runs(docker_backend, sandbox_image):
     api = docker_backend.api
     dead = api.create_container(
-        docker_backend.config.image, command=["true"],
+        docker_backend.config.image,
+        command=["true"],
         labels={LABEL_SANDBOX: "1", LABEL_RUN: "crashed-run", LABEL_OWNER: "x:999999:dead"},
     )["Id"]
     alive = api.create_container(
-        docker_backend.config.image, command=["true"],
-        labels={LABEL_SANDBOX: "1", LABEL_RUN: "other-live-run",
-                LABEL_OWNER: owner_id()},
+        docker_backend.config.image,
+        command=["true"],
+        labels={LABEL_SANDBOX: "1", LABEL_RUN: "other-live-run", LABEL_OWNER: owner_id()},
     )["Id"]
     try:
         other = DockerBackend(config=DockerBackend.Config(pool_size=0))
@@ -92,9 +97,20 @@ def test_build_is_skipped_when_up_to_date(sandbox_image):
 
 def test_cli_check_prints_a_table_and_exits_zero(sandbox_image):
     out = subprocess.run(
-        [sys.executable, "-m", "tir_rl.cli", "sandbox", "check", "--case", "os_exit",
-         "--set", "docker.pool_size=1"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "tir_rl.cli",
+            "sandbox",
+            "check",
+            "--case",
+            "os_exit",
+            "--set",
+            "docker.pool_size=1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     assert "os_exit" in out.stdout and "1/1 passed" in out.stdout

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tir_rl.engine.base import FinishReason, GenerateRequest, GenerateResult, ModelInfo
-from tir_rl.engine.pool import EnginePool, Routing
+from tir_rl.engine.pool import EnginePool, HangCheck, Routing
 from tir_rl.engine.weights_io import (
     READY_MARKER,
     PublishedWeights,
@@ -38,6 +38,9 @@ class FakeMember:
         self.down = False
         self.reject = False
         self.hold: asyncio.Event | None = None
+        self.hung = False
+        """Holds every call and fails its liveness check (a stopped process)."""
+        self.health_checks = 0
         self.loaded: list[PublishedWeights] = []
         self.version = 0
         self.closed = False
@@ -50,7 +53,16 @@ class FakeMember:
     def policy_version(self) -> int:
         return self.version
 
+    async def responsive(self, timeout_s: float) -> bool:
+        self.health_checks += 1
+        return not self.hung
+
+    async def _hang_if_hung(self) -> None:
+        while self.hung:
+            await asyncio.sleep(0.01)
+
     async def generate(self, request: GenerateRequest) -> GenerateResult:
+        await self._hang_if_hung()
         if self.hold is not None:
             await self.hold.wait()
         if self.down:
@@ -73,6 +85,7 @@ class FakeMember:
         raise AssertionError("a pool member loads published weights, never a state dict")
 
     async def load_published(self, weights: PublishedWeights) -> None:
+        await self._hang_if_hung()
         if self.down:
             raise EngineUnavailableError(f"member {self.index} is gone")
         if self.reject:
@@ -114,8 +127,7 @@ def test_a_new_episode_goes_to_the_member_with_fewest_requests_in_flight(tmp_pat
     async def scenario() -> list[int]:
         members[0].hold = asyncio.Event()
         busy = [asyncio.create_task(pool.generate(request(f"busy{i}"))) for i in range(2)]
-        await asyncio.sleep(0)
-        # busy0 went to s0 and busy1 to s1; s1 answers, s0 is still busy
+        await busy[1]  # busy0 went to s0 and busy1 to s1; s1 answers, s0 is still busy
         placed = [(await pool.generate(request(f"new{i}"))).token_ids[0] for i in range(3)]
         members[0].hold.set()
         await asyncio.gather(*busy)
@@ -235,3 +247,70 @@ def test_the_controls_ignore_episodes(tmp_path):
     assert [answer(least, "a") for _ in range(4)] == [0, 0, 0, 0]  # nothing in flight: first
     drawn = EnginePool(named, weights_dir=tmp_path, routing=Routing.RANDOM, seed=1)
     assert {answer(drawn, "a") for _ in range(20)} == {0, 1}
+
+
+QUICK_CHECK = HangCheck(after_s=0.05, answer_within_s=0.05)
+
+
+def test_a_hung_member_is_left_and_its_request_goes_to_another(tmp_path):
+    members = [FakeMember(0), FakeMember(1)]
+    pool = EnginePool(
+        [(f"s{i}", m) for i, m in enumerate(members)], weights_dir=tmp_path, hang_check=QUICK_CHECK
+    )
+    assert answer(pool, "ep") == 0
+    members[0].hung = True
+    assert answer(pool, "ep") == 1  # the episode moved on instead of waiting for good
+    stats = pool.stats()
+    assert (stats.members_up, stats.failovers) == (1, 1)
+    asyncio.run(pool.update_weights({"w": torch.zeros(2)}, version=1))
+    assert [len(m.loaded) for m in members] == [0, 1]  # the hung member is no longer asked
+
+
+def test_a_hung_member_is_left_during_an_update_and_the_others_load_it(tmp_path):
+    members = [FakeMember(0), FakeMember(1)]
+    pool = EnginePool(
+        [(f"s{i}", m) for i, m in enumerate(members)], weights_dir=tmp_path, hang_check=QUICK_CHECK
+    )
+    members[1].hung = True
+    asyncio.run(pool.update_weights({"w": torch.zeros(2)}, version=3))
+    assert pool.policy_version == 3 and pool.stats().members_up == 1
+    assert len(members[0].loaded) == 1 and members[1].loaded == []
+
+
+def test_a_slow_member_that_answers_its_check_keeps_the_request(tmp_path):
+    members = [FakeMember(0), FakeMember(1)]
+    pool = EnginePool(
+        [(f"s{i}", m) for i, m in enumerate(members)], weights_dir=tmp_path, hang_check=QUICK_CHECK
+    )
+
+    async def slow_answer() -> int:
+        members[0].hold = asyncio.Event()
+        pending = asyncio.create_task(pool.generate(request("ep")))
+        await asyncio.sleep(0.3)  # several checks, each answered
+        members[0].hold.set()
+        return (await pending).token_ids[0]
+
+    assert asyncio.run(slow_answer()) == 0
+    assert members[0].health_checks >= 3
+    assert pool.stats().members_up == 2 and pool.stats().failovers == 0
+
+
+def test_without_the_check_a_hung_member_holds_its_request(tmp_path):
+    members = [FakeMember(0), FakeMember(1)]
+    pool = EnginePool(
+        [(f"s{i}", m) for i, m in enumerate(members)],
+        weights_dir=tmp_path,
+        hang_check=HangCheck(after_s=0),
+    )
+    members[0].hung = True
+
+    async def waits() -> bool:
+        call = asyncio.create_task(pool.generate(request(None)))
+        done, _ = await asyncio.wait({call}, timeout=0.3)
+        call.cancel()
+        return bool(done)
+
+    assert not asyncio.run(waits())
+    assert members[0].health_checks == 0
+    with pytest.raises(ConfigError, match="hang_check_s must be >= 0"):
+        EnginePool([("s0", FakeMember(0))], weights_dir=tmp_path, hang_check=HangCheck(-1))
