@@ -37,6 +37,25 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
+def refuse_unless_own(
+    path: Path, info: os.stat_result, *, what: str, open_to: int, fix: str
+) -> None:
+    """Raise `ConfigError` unless `path` is this user's and closed to others.
+
+    `info` is its stat; `open_to` the permission bits that must be clear (e.g.
+    `stat.S_IWGRP | stat.S_IWOTH`: no one else writes it); `what` names the file in the
+    message, `fix` says what to do.
+    """
+    if info.st_uid != os.getuid():
+        raise ConfigError(
+            f"{what} {path} belongs to another user (uid {info.st_uid}): use one of your own"
+        )
+    if info.st_mode & open_to:
+        raise ConfigError(
+            f"{what} {path} is open to other users (mode {stat.S_IMODE(info.st_mode):o}): {fix}"
+        )
+
+
 @dataclass(frozen=True)
 class RunSecret:
     """A run's bearer token (never printed: `repr` hides it)."""
@@ -63,16 +82,13 @@ class RunSecret:
                 f"cannot read the run's secret file {path} ({exc.strerror}): give the file "
                 "tir-rl launch or tir-rl serve wrote (<run dir>/launch/secret)"
             ) from exc
-        if info.st_uid != os.getuid():
-            raise ConfigError(
-                f"the run's secret file {path} belongs to another user (uid {info.st_uid}): "
-                "use a file of your own"
-            )
-        if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise ConfigError(
-                f"the run's secret file {path} can be read or written by other users (mode "
-                f"{stat.S_IMODE(info.st_mode):o}): run `chmod 600 {path}`, or start a new run"
-            )
+        refuse_unless_own(
+            path,
+            info,
+            what="the run's secret file",
+            open_to=stat.S_IRWXG | stat.S_IRWXO,
+            fix=f"run `chmod 600 {path}`, or start a new run",
+        )
         if not text:
             raise ConfigError(f"the run's secret file {path} is empty")
         return cls(text)
@@ -139,15 +155,17 @@ class RunSecretMiddleware:
         if scope["type"] not in ("http", "websocket"):  # lifespan: no caller to check
             await self.app(scope, receive, send)
             return
-        if not self.secret.admits(_header(scope, b"authorization")):
+        if not self.secret.admits(request_header(scope, "authorization")):
             await _refuse(scope, send)
             return
         await self.app(scope, receive, send)
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
+def request_header(scope: Scope, name: str) -> str | None:
+    """The value of header `name` (lower case) of an ASGI request, or None."""
+    wanted = name.encode()
     for key, value in scope.get("headers", ()):
-        if key.lower() == name:
+        if key.lower() == wanted:
             return value.decode("latin-1")
     return None
 

@@ -21,7 +21,15 @@ import json
 from pathlib import Path
 
 from tir_rl.engine.weights_io import weights_digest
-from tir_rl.run_secret import ASGIApp, Message, Receive, RunSecretMiddleware, Scope, Send
+from tir_rl.run_secret import (
+    ASGIApp,
+    Message,
+    Receive,
+    RunSecretMiddleware,
+    Scope,
+    Send,
+    request_header,
+)
 
 SERVER_GUARD = "tir_rl.engine.server_guard.ServerGuard"
 """The `--middleware` import path `serve_command` gives vLLM."""
@@ -71,7 +79,7 @@ class VerifiedReload:
                 return
             if not message.get("more_body", False):
                 break
-        refusal = await _reload_refusal(body, _header(scope, WEIGHTS_DIGEST_HEADER.lower()))
+        refusal = await _reload_refusal(body, request_header(scope, WEIGHTS_DIGEST_HEADER.lower()))
         if refusal is not None:
             await _answer(send, 409, refusal)
             return
@@ -119,14 +127,6 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replayed
-
-
-def _header(scope: Scope, name: str) -> str | None:
-    wanted = name.encode()
-    for key, value in scope.get("headers", ()):
-        if key.lower() == wanted:
-            return value.decode("latin-1")
-    return None
 
 
 async def _answer(send: Send, status: int, message: str) -> None:

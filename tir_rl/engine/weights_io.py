@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tir_rl.errors import ConfigError, EngineError, ModelError
+from tir_rl.errors import EngineError, ModelError
+from tir_rl.run_secret import refuse_unless_own
 
 if TYPE_CHECKING:
     import torch
@@ -179,15 +180,11 @@ def check_weights_root(root: Path) -> None:
         ConfigError: `root` belongs to another user or is writable by group or others.
     """
     root.mkdir(mode=0o755, parents=True, exist_ok=True)
-    info = root.stat()
-    if info.st_uid != os.getuid():
-        raise ConfigError(
-            f"the weights folder {root} belongs to another user (uid {info.st_uid}): give "
-            "engine.weights_dir a folder of your own"
-        )
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise ConfigError(
-            f"the weights folder {root} can be written by other users (mode "
-            f"{stat.S_IMODE(info.st_mode):o}), who could replace the weights the servers load: "
-            f"run `chmod go-w {root}` or give engine.weights_dir a folder only you can write"
-        )
+    refuse_unless_own(
+        root,
+        root.stat(),
+        what="the weights folder (engine.weights_dir)",
+        open_to=stat.S_IWGRP | stat.S_IWOTH,
+        fix=f"whoever writes it can replace the weights the servers load; run "
+        f"`chmod go-w {root}` or give engine.weights_dir a folder only you can write",
+    )
