@@ -17,6 +17,7 @@ from transformers import AutoTokenizer
 
 from tir_rl.chat import ChatFormat
 from tir_rl.endpoint import (
+    CallRecorder,
     ChatEndpoint,
     EndpointConfig,
     EndpointServer,
@@ -219,6 +220,36 @@ def test_the_run_s_temperature_is_accepted_and_used(tokenizer):
     endpoint, engine = endpoint_with(tokenizer, "Ok.")
     complete(endpoint, "e8", messages=[{"role": "user", "content": "Hi."}], temperature=1.0)
     assert engine.requests[0].temperature == 1.0
+
+
+def test_a_run_s_endpoint_serves_only_the_episodes_the_run_opened(tokenizer):
+    engine = FakeTextEngine(tokenizer, lambda request: "Ok.")
+    endpoint = ChatEndpoint(
+        engine,
+        tokenizer,
+        recorder=CallRecorder(open_on_first_call=False),
+        config=EndpointConfig(max_tokens_per_call=64),
+    )
+    hello = [{"role": "user", "content": "Hi."}]
+    with pytest.raises(RequestError, match="not open in this run") as refused:
+        complete(endpoint, "made-up", messages=hello)
+    assert refused.value.status == 404 and engine.requests == []  # nothing was sampled
+    endpoint.recorder.open("g0-e0")
+    complete(endpoint, "g0-e0", messages=hello)
+    endpoint.recorder.discard("g0-e0")  # the episode ended
+    with pytest.raises(RequestError, match="not open in this run"):
+        complete(endpoint, "g0-e0", messages=hello)
+    assert len(engine.requests) == 1 and endpoint.recorder.episode_ids == []
+    import httpx
+
+    endpoint.recorder.open("g0-e1")
+    with EndpointServer(endpoint) as server:  # an agent cannot end its episode early
+        finish = httpx.post(
+            f"{server.url}/episodes/g0-e1/finish",
+            json={"reward": 1.0},
+            headers={"Authorization": f"Bearer {server.api_key}"},
+        )
+    assert finish.status_code == 403 and endpoint.recorder.episode_ids == ["g0-e1"]
 
 
 def test_the_official_openai_client_talks_to_the_server_and_the_episode_is_finished(tokenizer):

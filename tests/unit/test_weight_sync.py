@@ -162,6 +162,9 @@ class PoolServer(RecordingEngine):
     def policy_version(self) -> int:
         return self.version
 
+    async def responsive(self, timeout_s: float) -> bool:
+        return True
+
     async def load_published(self, weights) -> None:
         if not self.lags and weights.version is not None:
             self.version = weights.version

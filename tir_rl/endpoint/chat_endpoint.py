@@ -33,7 +33,7 @@ from tir_rl.endpoint.openai_chat import (
     parse_chat_request,
     same_assistant_turn,
 )
-from tir_rl.endpoint.recorder import CallRecorder, RecordedCall
+from tir_rl.endpoint.recorder import CallRecorder, RecordedCall, UnknownEpisodeError
 from tir_rl.engine.base import FinishReason, GenerateRequest, GenerateResult
 from tir_rl.errors import ConfigError, EngineError
 from tir_rl.types import Message, Role
@@ -143,6 +143,10 @@ class ChatEndpoint:
             RequestError: The request cannot be honoured (its message says why), or the
                 engine failed it (status 503).
         """
+        try:
+            self.recorder.check_known(episode_id)
+        except UnknownEpisodeError as exc:
+            raise RequestError(str(exc), status=404) from exc
         request = parse_chat_request(body)
         if request.n > self.config.max_choices:
             raise RequestError(

@@ -87,9 +87,40 @@ class _Episode:
 class CallRecorder:
     """Recorded calls by episode id; safe to use from several threads."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, open_on_first_call: bool = True) -> None:
+        """Start with no episode.
+
+        Args:
+            open_on_first_call: a call under an id never seen starts that episode (`tir-rl
+                serve`, where clients name their episodes). False: only ids given to `open`
+                are accepted (a run's agent episodes, whose ids the run hands out), so a
+                client cannot start episodes nobody takes, nor call into one that ended.
+        """
         self._episodes: dict[str, _Episode] = {}
         self._lock = threading.Lock()
+        self._open_on_first_call = open_on_first_call
+
+    @property
+    def clients_open_episodes(self) -> bool:
+        """Whether a client starts an episode by calling under a new id (`tir-rl serve`)."""
+        return self._open_on_first_call
+
+    def open(self, episode_id: str) -> None:
+        """Accept calls under `episode_id` from now until it is taken or discarded."""
+        with self._lock:
+            self._episodes.setdefault(episode_id, _Episode())
+
+    def check_known(self, episode_id: str) -> None:
+        """Raise `UnknownEpisodeError` if calls under `episode_id` are not accepted."""
+        if self._open_on_first_call:
+            return
+        with self._lock:
+            known = episode_id in self._episodes
+        if not known:
+            raise UnknownEpisodeError(
+                f"episode {episode_id!r} is not open in this run (it never was, or it has "
+                "ended): an agent must call the base URL it was given, during its episode"
+            )
 
     def next_call_index(self, episode_id: str) -> int:
         """Reserve the index of a new call of `episode_id` (the episode starts if new)."""

@@ -120,6 +120,14 @@ def build_app(endpoint: ChatEndpoint, secret: RunSecret) -> Starlette:
 
     async def finish(request: Request) -> JSONResponse:
         episode_id = request.path_params["episode_id"]
+        if not endpoint.recorder.clients_open_episodes:
+            return error(
+                RequestError(
+                    "a training run ends an agent's episode when the agent returns its reward; "
+                    "/finish is for episodes a client opened (tir-rl serve)",
+                    status=403,
+                )
+            )
         try:
             data = await read_json(request)
             reward = data.get("reward") if isinstance(data, dict) else None

@@ -193,8 +193,8 @@ class EnginePool:
     def _check(self, name: str, engine: PoolMember) -> None:
         if not isinstance(engine, PoolMember):
             raise ConfigError(
-                f"{name}: {type(engine).__name__} cannot load published weights, so it cannot "
-                "join an engine pool"
+                f"{name}: {type(engine).__name__} is not a PoolMember (it cannot load published "
+                "weights, or answer a liveness check), so it cannot join an engine pool"
             )
         if any(m.name == name for m in self._members):
             raise ConfigError(f"an engine named {name!r} is already in the pool")

@@ -35,6 +35,7 @@ def episode_row(trajectories: Sequence[Trajectory], *, prefix: str) -> dict[str,
     rewards = [t.reward for t in episodes]
     statuses = Counter(str(t.status) for t in episodes)
     row = {
+        f"{prefix}/episodes": float(len(episodes)),
         f"{prefix}/reward_mean": sum(rewards) / n,
         f"{prefix}/reward_max": max(rewards, default=0.0),
         f"{prefix}/model_tokens": float(sum(t.num_model_tokens for t in trajectories)),

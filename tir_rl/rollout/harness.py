@@ -54,6 +54,7 @@ async def play_agent_episode(
     except ImportError as exc:  # vLLM depends on openai, so a set-up machine has it
         raise SetupError('AgentEnv needs the openai package: pip install "tir-rl[serve]"') from exc
     key = f"g{group_id}-e{episode_id}-{uuid.uuid4().hex[:8]}"
+    server.endpoint.recorder.open(key)
     client = openai.AsyncOpenAI(
         base_url=server.episode_base_url(key),
         api_key=server.api_key,

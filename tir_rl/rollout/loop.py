@@ -121,19 +121,21 @@ class Rollout:
             self._formats[key] = fmt
         return fmt
 
-    def chat_endpoint(self) -> ChatEndpoint:
+    def chat_endpoint(self, *, open_on_first_call: bool = True) -> ChatEndpoint:
         """The chat endpoint over this loop's engine and chat format (built once).
 
         It samples as `config` says: its temperature, `max_tokens_per_turn` per call unless
         a request asks for fewer or more, the context limit, and at most `max_turns` calls
-        per episode.
+        per episode. `open_on_first_call`: whether a call under a new episode id starts
+        that episode (`tir-rl serve`), or only ids the run opened are served (its agents).
         """
         if self._chat_endpoint is None:
-            from tir_rl.endpoint import ChatEndpoint, EndpointConfig
+            from tir_rl.endpoint import CallRecorder, ChatEndpoint, EndpointConfig
 
             self._chat_endpoint = ChatEndpoint(
                 self.engine,
                 self.tokenizer,
+                recorder=CallRecorder(open_on_first_call=open_on_first_call),
                 chat_config=self.chat_config,
                 config=EndpointConfig(
                     temperature=self.config.temperature,
@@ -149,7 +151,7 @@ class Rollout:
         if self._agent_server is None:
             from tir_rl.endpoint import EndpointServer
 
-            self._agent_server = EndpointServer(self.chat_endpoint())
+            self._agent_server = EndpointServer(self.chat_endpoint(open_on_first_call=False))
         return self._agent_server
 
     def close(self) -> None:
