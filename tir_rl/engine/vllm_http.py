@@ -537,8 +537,14 @@ class HttpTransferClient:
     """
 
     def __init__(self, config: VLLMHttpEngine.Config) -> None:
+        """Read the servers' key once (a transfer makes several calls).
+
+        Raises:
+            ConfigError: `api_key_file` is not a valid secret file.
+        """
         self.name = config.base_url
         self._config = config
+        self._headers = authorization_headers(config)
 
     def world_size(self) -> int:
         """The engine's workers: the ranks it takes in the group."""
@@ -569,14 +575,13 @@ class HttpTransferClient:
         import httpx
 
         c = self._config
-        headers = authorization_headers(c)
         url = f"{c.base_url.rstrip('/')}{path}"
         try:
             response = httpx.request(
                 method,
                 url,
                 json=body,
-                headers=headers,
+                headers=self._headers,
                 timeout=httpx.Timeout(c.timeout_s, connect=c.connect_timeout_s),
             )
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError,
