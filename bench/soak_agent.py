@@ -21,12 +21,6 @@ FAULTS = ("none", "none", "malformed_json", "oversized_body", "unknown_episode",
           "finished_episode", "flood", "hang")  # fmt: skip
 FLOOD = 32
 
-base_url, index = sys.argv[1], int(sys.argv[2])
-fault = FAULTS[index % len(FAULTS)]
-headers = {"Authorization": f"Bearer {os.environ['TIR_RL_ENDPOINT_KEY']}"}
-root, _, episode_path = base_url.rpartition("/episodes/")
-episode_id = episode_path.split("/")[0]
-
 
 def ask(client: httpx.Client, url: str, content: str) -> httpx.Response:
     body = {"messages": [{"role": "user", "content": content}], "max_tokens": 8}
@@ -85,4 +79,10 @@ def main() -> None:
     print(json.dumps({"reward": (sum(map(ord, reply)) % 97) / 97}))
 
 
-main()
+if __name__ == "__main__":  # soak_pool.py imports FAULTS
+    base_url, index = sys.argv[1], int(sys.argv[2])
+    fault = FAULTS[index % len(FAULTS)]
+    headers = {"Authorization": f"Bearer {os.environ['TIR_RL_ENDPOINT_KEY']}"}
+    root, _, episode_path = base_url.rpartition("/episodes/")
+    episode_id = episode_path.split("/")[0]
+    main()

@@ -48,12 +48,11 @@ from pathlib import Path
 
 import psutil
 import yaml
+from soak_agent import FAULTS  # bench/ is this script's folder, first on sys.path
 
 HERE = Path(__file__).resolve().parent
 AGENT = HERE / "soak_agent.py"
-FAULTS = ("none", "none", "malformed_json", "oversized_body", "unknown_episode",
-          "finished_episode", "flood", "hang")  # fmt: skip
-"""`soak_agent.py`'s faults, by task index modulo their number (kept equal to its own)."""
+
 STEPS = 8
 TASKS_PER_STEP = 4
 GROUP_SIZE = 2

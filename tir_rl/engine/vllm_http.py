@@ -52,7 +52,7 @@ from tir_rl.engine.base import (
     check_truncated_sampling,
     truncate_at_stop_sequence,
 )
-from tir_rl.engine.pool import Routing
+from tir_rl.engine.pool import HangCheck, Routing
 from tir_rl.engine.server_guard import SERVER_GUARD, WEIGHTS_DIGEST_HEADER
 from tir_rl.engine.transfer import (
     TransferRound,
@@ -162,11 +162,7 @@ class VLLMHttpEngine:
                 )
             if self.max_retries < 0 or self.backoff_s < 0:
                 raise ConfigError("engine.http.max_retries and engine.http.backoff_s must be >= 0")
-            if self.hang_check_s < 0 or self.health_timeout_s <= 0:
-                raise ConfigError(
-                    "engine.http.hang_check_s must be >= 0 (0: off) and "
-                    "engine.http.health_timeout_s > 0"
-                )
+            HangCheck(self.hang_check_s, self.health_timeout_s).validate()
             if self.api_key is not None and self.api_key_file is not None:
                 raise ConfigError(
                     "engine.http.api_key and engine.http.api_key_file are both set: give the "
