@@ -20,11 +20,13 @@ from typing import Any
 
 from tir_rl.chat import ChatFormat
 from tir_rl.config.reference import reference
+from tir_rl.engine.base import PROCESSED_LOGPROBS
 from tir_rl.engine.choice import EngineConfig, EngineKind
 from tir_rl.errors import ConfigError
 from tir_rl.mismatch import MismatchCorrection
+from tir_rl.mismatch.correction import BypassMode
 from tir_rl.mismatch.guard import CollapseGuard
-from tir_rl.mismatch.injection import MismatchInjection
+from tir_rl.mismatch.injection import RAW_LOGPROBS, MismatchInjection
 from tir_rl.report.sinks import DEFAULT_LOGGERS, LoggerName, check_logger_names
 from tir_rl.report.wandb_sink import WandbSink, require_wandb
 from tir_rl.rollout import Rollout
@@ -74,13 +76,14 @@ class RunSection:
     weight (`tir_rl/report/sequences.py`; about 150 bytes per sequence)."""
     plot_every: int = 1
     """Regenerate PNG plots every N steps."""
-    drop_degenerate_groups: bool = True
+    drop_degenerate_groups: bool | None = None
     """Leave groups whose rewards are all equal out of the update (DAPO's dynamic sampling):
     with `loss.kl_coef` 0 they carry no gradient, and keeping them only shrinks the step
     through the token-mean normalizer and costs a backward pass. A step where every group
-    is degenerate makes no update but still logs the mismatch metrics. Applies only when
-    `loss.kl_coef` is 0: with a KL penalty every group stays, since the KL term gives
-    degenerate groups (advantage 0) gradient towards the reference."""
+    is degenerate makes no update but still logs the mismatch metrics. null (the default):
+    drop them when `loss.kl_coef` is 0, keep them with a KL penalty, since the KL term gives
+    degenerate groups (advantage 0) gradient towards the reference; the saved config records
+    the choice. `true` with `loss.kl_coef` > 0 is refused."""
     placebo_drop: tuple[float, float] | None = None
     """A control for the collapse lab, not a method: [p_failed, p_succeeded]. After the
     advantages are computed, each failed episode (advantage < 0) leaves the update with
@@ -194,6 +197,7 @@ class RunConfig:
                 "loss.kl_coef is 0, so no reference policy is loaded. Set loss.kl_coef > 0 for a "
                 "KL penalty to it, or drop trainer.reference_model."
             )
+        self._resolve_degenerate_groups()
         if self.trainer.temperature != self.rollout.temperature:
             raise ConfigError(
                 f"trainer.temperature={self.trainer.temperature} differs from "
@@ -209,6 +213,12 @@ class RunConfig:
             }
             self.correction = MismatchCorrection.Config.preset(self.correction_preset, **changed)
             self.correction_preset = None  # folded in: the saved config is explicit
+        if self.correction.bypass is BypassMode.REINFORCE:
+            raise ConfigError(
+                "correction.bypass=reinforce needs per-micro-batch weights from the current "
+                "policy's logprobs, which the trainer does not compute; use correction.bypass "
+                "off (decoupled) or ppo_clip."
+            )
         self._warn_stale_sequence_masks()
         self._follow_model()
         self._follow_run_seed()
@@ -216,6 +226,20 @@ class RunConfig:
         if self.trainer.lr_schedule is LRSchedule.COSINE and self.trainer.schedule_steps == 0:
             self.trainer.schedule_steps = self.run.steps  # the documented meaning of 0
             self.trainer.validate()  # warm-up shorter than the run
+
+    def _resolve_degenerate_groups(self) -> None:
+        """`run.drop_degenerate_groups`: null follows the KL penalty; true beside one is refused."""
+        kl = self.loss.kl_coef > 0
+        if self.run.drop_degenerate_groups is None:
+            self.run.drop_degenerate_groups = not kl
+        elif self.run.drop_degenerate_groups and kl:
+            raise ConfigError(
+                f"run.drop_degenerate_groups=true with loss.kl_coef={self.loss.kl_coef}: with a "
+                "KL penalty a group whose rewards are all equal still has a gradient (towards "
+                "the reference), so dropping it changes the update. Set "
+                "run.drop_degenerate_groups=false, or leave it unset (null keeps them with a KL "
+                "penalty and drops them without one)."
+            )
 
     def _warn_stale_sequence_masks(self) -> None:
         """A narrow geometric band rejects stale sequences: say so (docs/async.md)."""
@@ -290,14 +314,25 @@ class RunConfig:
                 f"inject is set but trainer.dtype={self.trainer.dtype!r}: injected mismatch is "
                 "measured against a float32 trainer. Set trainer.dtype=float32."
             )
+        # The injection decides the sampler's dtype and logprobs mode; another explicit value
+        # in the engine section contradicts it (float32 and processed logprobs are defaults).
         if inject.sampler_dtype is not None and self.engine.dtype not in (
             "float32",
             inject.sampler_dtype,
         ):
-            logger.warning(
-                "engine.dtype=%s is overridden by inject.sampler_dtype=%s",
-                self.engine.dtype,
-                inject.sampler_dtype,
+            raise ConfigError(
+                f"engine.dtype={self.engine.dtype!r} contradicts "
+                f"inject.sampler_dtype={inject.sampler_dtype!r}, which sets the sampler's dtype. "
+                "Drop engine.dtype (or set it to the injected dtype)."
+            )
+        if inject.raw_logprobs and self.engine.logprobs_mode not in (
+            PROCESSED_LOGPROBS,
+            RAW_LOGPROBS,
+        ):
+            raise ConfigError(
+                f"engine.logprobs_mode={self.engine.logprobs_mode!r} contradicts "
+                f"inject.raw_logprobs, which makes the sampler record {RAW_LOGPROBS!r}. Drop "
+                "engine.logprobs_mode (or set it to raw_logprobs)."
             )
         if inject.raw_logprobs and self.rollout.temperature == 1.0:
             logger.warning(

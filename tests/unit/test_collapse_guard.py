@@ -125,3 +125,12 @@ def test_two_alerts_at_the_same_step_keep_their_own_folders(tmp_path):
         for d in (first.saved_to, second.saved_to)
     ]
     assert values == [0.5, 0.7]
+
+
+def test_a_guard_in_a_run_saves_to_the_run_folder_without_changing_its_config(tmp_path):
+    config = CollapseGuard.Config(absolute={"train/grad_norm": 5.0})
+    guard = CollapseGuard(config, run_dir=tmp_path)
+    assert guard.save_dir == tmp_path / "alerts" and config.save_dir is None
+    assert CollapseGuard(config).save_dir is None  # no run folder: nothing saved
+    given = CollapseGuard(CollapseGuard.Config(save_dir=tmp_path / "mine"), run_dir=tmp_path)
+    assert given.save_dir == tmp_path / "mine"

@@ -167,3 +167,44 @@ def test_run_seed_seeds_every_random_source_left_unset():
     assert (seeded.engine.seed, seeded.trainer.seed, seeded.inject.noise_seed) == (3, 3, 3)
     given = config.load(RunConfig, None, ["run.seed=3", "engine.seed=7", "inject.noise_seed=0"])
     assert (given.engine.seed, given.trainer.seed, given.inject.noise_seed) == (7, 3, 0)
+
+
+def test_degenerate_groups_follow_the_kl_penalty_and_dropping_them_beside_one_is_refused():
+    from tir_rl.run_config import RunConfig
+
+    assert config.load(RunConfig, None).run.drop_degenerate_groups is True
+    kl = config.load(RunConfig, None, ["loss.kl_coef=0.1"])
+    assert kl.run.drop_degenerate_groups is False  # resolved, so the saved config says it
+    kept = config.load(RunConfig, None, ["run.drop_degenerate_groups=false"])
+    assert kept.run.drop_degenerate_groups is False
+    with pytest.raises(ConfigError, match="run.drop_degenerate_groups=true with loss.kl_coef"):
+        config.load(RunConfig, None, ["loss.kl_coef=0.1", "run.drop_degenerate_groups=true"])
+
+
+def test_reinforce_bypass_is_refused_at_load():
+    from tir_rl.run_config import RunConfig
+
+    assert (
+        config.load(RunConfig, None, ["correction.bypass=ppo_clip"]).correction.bypass == "ppo_clip"
+    )
+    with pytest.raises(ConfigError, match="correction.bypass=reinforce"):
+        config.load(RunConfig, None, ["correction_preset=token_tis", "correction.bypass=reinforce"])
+
+
+def test_an_injection_sets_the_samplers_dtype_and_logprobs_mode_or_refuses_a_contradiction():
+    from tir_rl.run_config import RunConfig
+
+    bf16 = config.load(RunConfig, None, ["inject.sampler_dtype=bfloat16"])
+    assert bf16.engine.dtype == "bfloat16"
+    raw = config.load(RunConfig, None, ["inject.raw_logprobs=true", "rollout.temperature=0.7",
+                                        "trainer.temperature=0.7"])  # fmt: skip
+    assert raw.engine.logprobs_mode == "raw_logprobs"
+    with pytest.raises(ConfigError, match="engine.dtype='float16' contradicts inject.sampler"):
+        config.load(RunConfig, None, ["inject.sampler_dtype=bfloat16", "engine.dtype=float16"])
+    with pytest.raises(ConfigError, match="engine.logprobs_mode='processed_logits' contradicts"):
+        config.load(
+            RunConfig,
+            None,
+            ["inject.raw_logprobs=true", "engine.logprobs_mode=processed_logits",
+             "engine.allow_other_logprobs_mode=true"],
+        )  # fmt: skip

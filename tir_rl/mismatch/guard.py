@@ -107,12 +107,19 @@ class CollapseGuard:
         action: GuardAction = GuardAction.CONTINUE
         """What the loop does on a spike: continue, skip_step or stop."""
         save_dir: Path | None = None
-        """Folder for offending batches (one subfolder per step); None saves nothing."""
+        """Folder for offending batches (one subfolder per step). None: in a training run,
+        `alerts/` in the run's folder; a guard built without a run folder saves nothing."""
         max_saved: int = 20
         """Stop saving batches after this many (alerts keep being reported)."""
 
-    def __init__(self, config: CollapseGuard.Config | None = None) -> None:
+    def __init__(
+        self, config: CollapseGuard.Config | None = None, *, run_dir: Path | None = None
+    ) -> None:
         self.config = config or CollapseGuard.Config()
+        self.save_dir: Path | None = self.config.save_dir
+        """Where offending batches go: `save_dir`, else the run folder's `alerts/`, else None."""
+        if self.save_dir is None and run_dir is not None:
+            self.save_dir = run_dir / "alerts"
         self._history: dict[str, deque[float]] = {
             name: deque(maxlen=self.config.window) for name in self.config.watch
         }
@@ -185,16 +192,16 @@ class CollapseGuard:
         rank: int,
     ) -> Path | None:
         cfg = self.config
-        if cfg.save_dir is None or self.num_saved >= cfg.max_saved:
+        if self.save_dir is None or self.num_saved >= cfg.max_saved:
             return None
         # A batch without signal is scored and checked at the trainer step of the next update,
         # which may alert too: each alert keeps its own folder. Each rank looks for the file
         # it writes itself, so all ranks pick the same folder.
         mine = f"batch_rank{rank}.pt" if batch is not None else "alert.json"
-        folder = Path(cfg.save_dir) / f"step_{step:06d}"
+        folder = Path(self.save_dir) / f"step_{step:06d}"
         repeat = 1
         while (folder / mine).exists():
-            folder = Path(cfg.save_dir) / f"step_{step:06d}_{repeat}"
+            folder = Path(self.save_dir) / f"step_{step:06d}_{repeat}"
             repeat += 1
         folder.mkdir(parents=True, exist_ok=True)
         if batch is not None:

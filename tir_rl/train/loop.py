@@ -262,10 +262,7 @@ class _TrainLoop:
             loss_fn=GRPOLoss(config.loss),
             correction_config=config.correction,
         )
-        guard_config = config.guard
-        if guard_config.save_dir is None:
-            guard_config.save_dir = self.run_dir / "alerts"
-        self.guard = CollapseGuard(guard_config)
+        self.guard = CollapseGuard(config.guard, run_dir=self.run_dir)
         self.update = Update(self.trainer, self.guard)
         self.injection = MismatchInjection(config.inject)
         if self.rank0 and config.inject.active:

@@ -181,10 +181,7 @@ class Rank0Driver:
         plan, works = plan_step(
             trajectories,
             world_size=world_size,
-            # With a KL penalty a degenerate group (advantage 0) still has a gradient: keep it.
-            drop_degenerate_groups=(
-                self.config.run.drop_degenerate_groups and self.config.loss.kl_coef == 0
-            ),
+            drop_degenerate_groups=bool(self.config.run.drop_degenerate_groups),
             placebo=self._placebo(step),
         )
         plan.row = {**row, **plan.row}

@@ -404,7 +404,7 @@ class Trainer:
             weight_decay=self.config.weight_decay,
         )
         self.correction_config = correction_config or MismatchCorrection.Config()
-        if self.correction_config.bypass is BypassMode.REINFORCE:
+        if self.correction_config.bypass is BypassMode.REINFORCE:  # a run refuses it at load
             raise ConfigError(
                 "correction.bypass='reinforce' needs per-micro-batch weights from ℓ^θ, which "
                 "Trainer does not implement; use bypass 'off' or 'ppo_clip'."
