@@ -1,9 +1,11 @@
-"""Soak of the asynchronous pool: agent episodes, k = 2, two servers, faults at every layer.
+"""Soak of the asynchronous pool: agent and native episodes, k = 2, two servers, faults.
 
 Real parts: two `vllm serve` servers of the tiny model (`tir-rl launch`'s, each asking for
 the run's secret), the trainer as `tir-rl train` on them (`engine.kind: http`, file
-transfer, `run.max_staleness: 2`), and agent episodes played by a separate process each
-(`CommandAgentEnv` running `bench/soak_agent.py`) through the run's chat endpoint.
+transfer, `run.max_staleness: 2`), and, in the same run and the same steps
+(`bench/soak_env.py`, `SoakMixed-v0`), agent episodes played by a separate process each
+(`CommandAgentEnv` running `bench/soak_agent.py`) through the run's chat endpoint next to
+native episodes stepped by tir-rl's own loop, whose tool answers every turn.
 
 Faults, in this order:
 
@@ -21,6 +23,8 @@ mid-update             SIGKILLed the moment a new version's folder appears
 agent faults           by task (`bench/soak_agent.py`): malformed JSON, a 20 MB body, an
                        unknown episode id, a finished one, 32 concurrent calls, an agent
                        that hangs past `rollout.agent_timeout_s`
+a tool that hangs      by task (`bench/soak_env.py`): a native episode's tool never
+                       returns; `rollout.tool_call_timeout_s` must end the episode
 =====================  ===================================================================
 
 Counted after everything stopped: steps trained, episodes by status, episodes lost (a step
@@ -49,6 +53,7 @@ from pathlib import Path
 import psutil
 import yaml
 from soak_agent import FAULTS  # bench/ is this script's folder, first on sys.path
+from soak_env import TOOL_FAULTS
 
 HERE = Path(__file__).resolve().parent
 AGENT = HERE / "soak_agent.py"
@@ -75,11 +80,19 @@ def soak_config(root: Path, seed: int) -> dict:
             "save_trajectories": 1000,  # every sample of every step: the episodes' record
         },
         "env": {
-            "id": "tir_rl.envs.agent_env:CommandAgentEnv",
+            "id": "soak_env:SoakMixed-v0",  # imported from bench/ (PYTHONPATH)
             "kwargs": {"command": [sys.executable, str(AGENT), "{base_url}", "{index}"]},
         },
         "engine": {"max_model_len": 2048, "kv_cache_gib": 0.25},
-        "rollout": {"max_turns": 2, "max_tokens_per_turn": 16, "agent_timeout_s": 20},
+        "rollout": {
+            "max_turns": 2,
+            "max_tokens_per_turn": 16,
+            "agent_timeout_s": 20,
+            "tool_call_timeout_s": 5,
+            # The tiny model fills its turns: a cut-off turn still goes to the native
+            # episode's tool (otherwise the episode would end before any tool call).
+            "end_on_truncated_turn": False,
+        },
         "trainer": {"lr": 1e-3},
         "correction_preset": "token_tis",
     }
@@ -141,10 +154,11 @@ def leftovers(root: Path) -> list[str]:
 
 
 def recorded_episodes(path: Path) -> dict[tuple[int, int, int], dict]:
-    """(step, group, episode) -> its status, error and fault, from the saved samples.
+    """(step, group, episode) -> its kind, status, error and fault, from the saved samples.
 
-    The fault is the one `soak_agent.py` gives the task whose index the agent wrote into
-    its first message; an episode without any call (an agent that hung first) has none.
+    An agent episode's fault is the one `soak_agent.py` gives the task whose index the agent
+    wrote into its first message; an agent episode without any call (an agent that hung
+    first) has none. A native episode's prompt names its task and tool fault.
     """
     out: dict[tuple[int, int, int], dict] = {}
     for line in path.read_text().splitlines():
@@ -153,8 +167,16 @@ def recorded_episodes(path: Path) -> dict[tuple[int, int, int], dict]:
         if key in out:
             continue
         text = " ".join(str(m.get("content", "")) for m in sample.get("messages", ()))
+        native = re.search(r"native task (\d+)", text)
         found = re.search(r"task (\d+), turn", text)
-        fault = FAULTS[int(found.group(1)) % len(FAULTS)] if found else "(no call recorded)"
+        if native:
+            fault = "native: tool " + TOOL_FAULTS[int(native.group(1)) % len(TOOL_FAULTS)]
+        elif found:
+            fault = "agent: " + FAULTS[int(found.group(1)) % len(FAULTS)]
+        elif "flood" in text:  # the flood's calls carry no task line
+            fault = "agent: flood"
+        else:
+            fault = "agent: (no call recorded)"
         out[key] = {
             "step": sample["step"], "status": sample["status"],
             "error": sample.get("error") or "", "fault": fault,
@@ -195,7 +217,8 @@ def main() -> int:
     run_dir = config.run_dir
     agent_log = root / "agents.jsonl"
     trainer_log = root / "trainer.log"
-    env = {**os.environ, "SOAK_AGENT_LOG": str(agent_log)}
+    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "SOAK_AGENT_LOG": str(agent_log), "PYTHONPATH": path}
     events: list[str] = []
     containers_before = sandbox_containers()
 
