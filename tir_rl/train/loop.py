@@ -67,7 +67,8 @@ from tir_rl.report.eval_stats import bootstrap_paired_change
 from tir_rl.report.step_metrics import StepOutcome
 from tir_rl.run_config import RunConfig
 from tir_rl.train.rank0 import DataPosition, Rank0Driver
-from tir_rl.train.update import StepPlan, StepWork, Update
+from tir_rl.train.step_plan import StepPlan
+from tir_rl.train.update import StepWork, Update
 from tir_rl.trainer import checkpoint
 from tir_rl.trainer.checkpoint import latest_checkpoint, step_folder
 from tir_rl.weight_sync import WeightSync

@@ -23,13 +23,8 @@ from tir_rl.report.sequences import (
 from tir_rl.report.step_metrics import StepOutcome, episode_row, step_row
 from tir_rl.rollout.buffer import AdmissionSchedule, GroupBuffer, TakenStep
 from tir_rl.rollout.producer import RolloutProducer
-from tir_rl.train.update import (
-    PlaceboDrop,
-    StepPlan,
-    StepWork,
-    placebo_generator,
-    plan_step,
-)
+from tir_rl.train.step_plan import PlaceboDrop, StepPlan, placebo_generator, plan_step
+from tir_rl.train.update import StepWork
 
 if TYPE_CHECKING:
     from tir_rl.engine.activity import ActivityReading, MeteredEngine
