@@ -370,22 +370,32 @@ def even_split(n: int, parts: int) -> list[range]:
 
 
 def rank0_gather_rows(
-    local: torch.Tensor | None, *, num_rows: int, shape: Sequence[int]
-) -> torch.Tensor | None:
-    """Rank 0: one [num_rows, ...] tensor from every rank's rows (shares by `even_split`).
+    local: Sequence[torch.Tensor | None], *, num_rows: int, shape: Sequence[int]
+) -> tuple[torch.Tensor | None, ...]:
+    """Rank 0: for each of the given per-row tensors, one [num_rows, ...] from every rank.
 
-    Rank r holds rows `even_split(num_rows, world)[r]`, possibly shorter in the last
-    dimension than `shape` (its own padding); missing entries stay 0. None on other ranks,
-    and everywhere when `local` is None.
+    Rank r holds rows `even_split(num_rows, world)[r]` of each, possibly shorter in the last
+    dimension than `shape` (its own padding); missing entries stay 0. One collective for all
+    of them. A tensor that is None on this rank (the step had none: every rank alike) is None
+    in the result; every result is None on ranks > 0.
     """
-    if local is None:
-        return None
     if not is_initialized() or world_size() == 1:
-        return local
-    parts = rank0_gather_object(local)
+        return tuple(local)
+    parts = rank0_gather_object(list(local))
     if not is_rank0():
+        return tuple(None for _ in local)
+    return tuple(
+        _joined_rows([p[i] for p in parts], num_rows, shape)  # type: ignore[index]
+        for i in range(len(local))
+    )
+
+
+def _joined_rows(
+    parts: list[torch.Tensor | None], num_rows: int, shape: Sequence[int]
+) -> torch.Tensor | None:
+    if parts[0] is None:
         return None
-    out = torch.zeros(tuple(shape), dtype=local.dtype)
+    out = torch.zeros(tuple(shape), dtype=parts[0].dtype)
     for piece, part in zip(even_split(num_rows, world_size()), parts, strict=True):
         if len(piece):  # an empty share trained on a masked filler: nothing to keep
             assert isinstance(part, torch.Tensor)
@@ -548,6 +558,24 @@ def rank0_share(
         on_shared_failure()
         part.raise_()
     return None, part  # type: ignore[return-value]
+
+
+def rank0_run(
+    fn: Callable[[], Kept],
+    *,
+    gate: Rank0InterruptGate | None = None,
+    on_shared_failure: Callable[[], None] = lambda: None,
+) -> Kept | None:
+    """Run `fn` on rank 0 only and keep its value there (None on the other ranks).
+
+    The rank-0-only work whose result no other rank needs (an evaluation, a weight send);
+    a failure is shared as in `rank0_share`.
+    """
+    world = world_size() if is_initialized() else 1
+    kept, _ = rank0_share(
+        lambda: (fn(), [None] * world), gate=gate, on_shared_failure=on_shared_failure
+    )
+    return kept
 
 
 _LOST_PEER_SIGNS = (

@@ -20,7 +20,7 @@ A clean evaluation (`run.eval_clean_sampler`) lends the engine the trainer's exa
 (`rank0_exact_weights`) and then hands back what the sampler had: the stale copy kept at
 the last sync, or the injected weights recomputed from the same state.
 
-The caller runs the rank-0 halves inside its rank coordination (`distributed.rank0_share`);
+The caller runs the rank-0 halves inside its rank coordination (`distributed.rank0_run`);
 nothing here talks to other ranks.
 """
 

@@ -168,6 +168,31 @@ def test_each_metric_declares_how_it_combines_across_ranks():
     assert stats[kept].reduce is ReduceOp.SUM
 
 
+def test_the_loss_metrics_are_declared_once_and_combine_over_micro_batches_as_declared():
+    import torch
+
+    from tir_rl.trainer.loss import LOSS_METRICS, LOSS_TOKENS
+    from tir_rl.trainer.step_result import combine_loss_metrics
+
+    names = [metric.name for metric in LOSS_METRICS]
+    assert len(names) == len(set(names))
+    column = {metric.name: i for i, metric in enumerate(LOSS_METRICS)}
+
+    def micro_batch(tokens: float, ratio_mean: float, ratio_max: float) -> torch.Tensor:
+        values = torch.zeros(len(LOSS_METRICS))
+        values[column["ratio_mean"]], values[column["ratio_max"]] = ratio_mean, ratio_max
+        return torch.cat([torch.tensor([tokens]), values])
+
+    combined = combine_loss_metrics(
+        [micro_batch(3, 1.0, 1.5), micro_batch(1, 2.0, 1.2), micro_batch(0, 9.0, 9.0)]
+    )
+    assert combined[LOSS_TOKENS] == 4.0 and combined[LOSS_TOKENS].reduce is ReduceOp.SUM
+    mean, top = combined["train/ratio_mean"], combined["train/ratio_max"]
+    assert mean == pytest.approx(1.25) and (mean.reduce, mean.over) == (ReduceOp.MEAN, LOSS_TOKENS)
+    assert top == pytest.approx(1.5) and (top.reduce, top.over) == (ReduceOp.MAX, LOSS_TOKENS)
+    assert "train/loss" not in combined  # the trainer normalizes and reports the loss itself
+
+
 def test_a_metric_that_does_not_declare_its_reduction_is_refused():
     with pytest.raises(TypeError, match="declares how it combines"):
         all_reduce_metrics({"mismatch/kl": 0.5})

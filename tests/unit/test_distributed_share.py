@@ -15,6 +15,7 @@ from tir_rl.distributed import (
     free_port,
     rank0_gather_object,
     rank0_gather_rows,
+    rank0_run,
     rank0_share,
     scatter_object,
 )
@@ -38,13 +39,24 @@ RANK_SCRIPT = textwrap.dedent(
         assert gathered == [], gathered
     assert tdist.broadcast_object((True, rank)) == (True, 0)
 
-    # rank0_gather_rows: rows 0-1 on rank 0 (width 4), row 2 on rank 1 (width 2)
+    # rank0_gather_rows: rows 0-1 on rank 0 (width 4), row 2 on rank 1 (width 2); a second
+    # tensor alongside, and one that no rank has
     local = torch.full((2, 4), 1.0) if rank == 0 else torch.full((1, 2), 2.0)
-    rows = tdist.rank0_gather_rows(local, num_rows=3, shape=(3, 4))
+    rows, doubled, absent = tdist.rank0_gather_rows(
+        (local, local * 2, None), num_rows=3, shape=(3, 4)
+    )
     if rank == 0:
         assert rows.tolist() == [[1.0] * 4, [1.0] * 4, [2.0, 2.0, 0.0, 0.0]], rows
+        assert torch.equal(doubled, rows * 2), doubled
     else:
-        assert rows is None
+        assert rows is None and doubled is None
+    assert absent is None
+
+    # rank0_run: the work runs on rank 0 only and its value stays there
+    ran = []
+    value = tdist.rank0_run(lambda: ran.append(1) or "rank 0's")
+    assert value == ("rank 0's" if rank == 0 else None), value
+    assert ran == ([1] if rank == 0 else [])
 
     # rank0_share: the work runs on rank 0 only, each rank gets its part
     ran = []
@@ -94,7 +106,8 @@ def test_without_a_process_group_scatter_and_gather_are_local():
     assert scatter_object(["only"]) == "only"
     assert rank0_gather_object(7) == [7]
     local = torch.ones(2, 3)
-    assert rank0_gather_rows(local, num_rows=2, shape=(2, 3)) is local
+    assert rank0_gather_rows((local, None), num_rows=2, shape=(2, 3)) == (local, None)
+    assert rank0_run(lambda: "mine") == "mine"
     assert rank0_share(lambda: ("kept", ["mine"])) == ("kept", "mine")
 
 

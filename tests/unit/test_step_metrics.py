@@ -5,7 +5,7 @@ import math
 from tir_rl.engine.parity import ParityReport
 from tir_rl.mismatch.guard import Alert, GuardAction, GuardDecision
 from tir_rl.report.step_metrics import StepOutcome, episode_row, step_row
-from tir_rl.trainer import StepResult
+from tir_rl.trainer import StepResult, UpdateStatus
 from tir_rl.trainer.batch import TrainBatch
 from tir_rl.types import EpisodeTimings, RolloutStatus, Trajectory
 
@@ -39,9 +39,8 @@ def outcome(**overrides) -> StepOutcome:
     fields = dict(
         rollout_row={"perf/rollout_s": 2.0, "rollout/model_tokens": 100.0},
         batch=None,
-        result=None,
+        result=StepResult.no_batch(),
         trainer_logprobs=None,
-        updated=False,
         num_degenerate_groups=3,
         train_s=1.5,
         sync_s=0.25,
@@ -50,11 +49,13 @@ def outcome(**overrides) -> StepOutcome:
 
 
 def test_step_row_of_an_update():
-    result = StepResult(loss=0.5, grad_norm=2.0, skipped=False, metrics={"mismatch/k3": 0.01})
+    result = StepResult(
+        loss=0.5, grad_norm=2.0, status=UpdateStatus.APPLIED, metrics={"mismatch/k3": 0.01}
+    )
     parity = ParityReport(
         num_tokens=8, mean_abs_diff=1e-5, max_abs_diff=1e-4, argmax_position=2, tolerance=1e-3
     )
-    given = outcome(result=result, updated=True, parity=parity)
+    given = outcome(result=result, parity=parity)
     row = step_row(given)
     assert row["train/loss"] == 0.5 and row["train/grad_norm"] == 2.0
     assert row["train/skipped"] == 0.0 and row["train/degenerate_groups"] == 3.0
@@ -67,8 +68,8 @@ def test_step_row_of_an_update():
 def test_step_row_of_a_scoring_pass_keeps_its_mismatch_metrics_and_guard_alerts():
     alert = Alert(step=0, metric="mismatch/k3_kl", value=0.3, threshold=0.01, reason="absolute")
     scored = StepResult(
-        loss=math.nan, grad_norm=math.nan, skipped=True, metrics={"mismatch/k3_kl": 0.3},
-        guard=GuardDecision(GuardAction.CONTINUE, (alert,)),
+        loss=math.nan, grad_norm=math.nan, status=UpdateStatus.SCORED,
+        metrics={"mismatch/k3_kl": 0.3}, guard=GuardDecision(GuardAction.CONTINUE, (alert,)),
     )  # fmt: skip
     batch = TrainBatch.from_trajectories([trajectory(1.0), trajectory(1.0)])
     row = step_row(outcome(batch=batch, result=scored, trainer_logprobs=batch.sampler_logprobs))
@@ -79,6 +80,8 @@ def test_step_row_of_a_scoring_pass_keeps_its_mismatch_metrics_and_guard_alerts(
 def test_step_row_without_any_batch_has_no_mismatch_columns():
     row = step_row(outcome())
     assert not any(key.startswith("mismatch/") for key in row)
+    assert math.isnan(row["train/loss"]) and math.isnan(row["train/grad_norm"])
+    assert row["train/skipped"] == 1.0
 
 
 def test_prefix_cache_hit_is_the_cached_share_of_the_context_sent_when_the_engine_reports_it():

@@ -6,6 +6,7 @@ import pytest
 
 from tir_rl.errors import TirError
 from tir_rl.train.update import MAX_FAILED_STEPS, StepWork, Update
+from tir_rl.trainer import UpdateStatus
 
 
 class FakeTrainer:
@@ -21,8 +22,8 @@ def failed(error: str = "") -> StepWork:
 
 def test_a_run_of_failed_steps_is_refused_with_the_first_error():
     update = Update(FakeTrainer(), guard=None)
-    assert update(0, failed("reset raised RuntimeError: gone")) is None
-    assert update(1, failed("later error")) is None
+    assert update(0, failed("reset raised RuntimeError: gone")).status is UpdateStatus.NO_BATCH
+    assert update(1, failed("later error")).status is UpdateStatus.NO_BATCH
     with pytest.raises(TirError, match="2 step") as error:
         update.check_sampled(2)
     assert "reset raised RuntimeError: gone" in str(error.value)

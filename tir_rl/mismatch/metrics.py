@@ -20,7 +20,7 @@ import math
 import torch
 from torch import Tensor
 
-from tir_rl.metric import Metric
+from tir_rl.metric import Metric, ReduceOp
 
 LOG_RATIO_BOUND = 20.0
 """Log-ratios are clamped to [−20, 20] before `exp` (verl `SAFETY_BOUND`), here and in the
@@ -102,30 +102,45 @@ def distance_from_tool_response(turn_ids: Tensor, valid: Tensor) -> Tensor:
     return torch.where(valid & (turn_ids != first_turn), distance, torch.full_like(distance, -1))
 
 
-_MAX_LEAVES = ("abs_diff_max", "log_ppl_diff_max", "is_token_max", "is_seq_max")
-_MIN_LEAVES = ("log_ppl_diff_min", "is_token_min", "is_seq_min")
-_COUNT_LEAVES = ("num_tokens", "num_seqs", "nonfinite_tokens")
-_SEQUENCE_LEAVES = ("ppl", "log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio", "chi2_seq", "is_seq")
+_TOKENS, _SEQS = "num_tokens", "num_seqs"
+"""The counts (keys under the prefix) the metrics are taken over."""
 
 
-def _declared(prefix: str, leaf: str, value: float) -> Metric:
-    """How a `mismatch_metrics` value combines across ranks.
+class _Row:
+    """The batch's metrics, each declared with how it combines across ranks where it is set.
 
-    Counts add up; the sequence statistics are over the row's sequences, everything else
-    over its model tokens.
+    The values stay tensors until `declared` reads them all in one host copy.
     """
-    if leaf in _COUNT_LEAVES:
-        return Metric.count(value)
-    sequences = any(part in leaf for part in _SEQUENCE_LEAVES)
-    over = f"{prefix}/num_seqs" if sequences else f"{prefix}/num_tokens"
-    if leaf in _MAX_LEAVES:
-        return Metric.max(value, over)
-    if leaf in _MIN_LEAVES:
-        return Metric.min(value, over)
-    return Metric.mean(value, over)
+
+    def __init__(self) -> None:
+        self.values: dict[str, tuple[Tensor, ReduceOp, str | None]] = {}
+
+    def mean(self, name: str, value: Tensor, over: str = _TOKENS) -> None:
+        self.values[name] = (value, ReduceOp.MEAN, over)
+
+    def max(self, name: str, value: Tensor, over: str = _TOKENS) -> None:
+        self.values[name] = (value, ReduceOp.MAX, over)
+
+    def min(self, name: str, value: Tensor, over: str = _TOKENS) -> None:
+        self.values[name] = (value, ReduceOp.MIN, over)
+
+    def count(self, name: str, value: Tensor) -> None:
+        self.values[name] = (value, ReduceOp.SUM, None)
+
+    def declared(self, prefix: str) -> dict[str, Metric]:
+        """`{prefix}/name: Metric`, the counts they are over under the same prefix."""
+        if not self.values:
+            return {}
+        floats = torch.stack([v.double().reshape(()) for v, _, _ in self.values.values()])
+        out: dict[str, Metric] = {}
+        for (name, (_, reduce, over)), value in zip(
+            self.values.items(), floats.tolist(), strict=True
+        ):
+            out[f"{prefix}/{name}"] = Metric(value, reduce, f"{prefix}/{over}" if over else None)
+        return out
 
 
-def _moment_stats(w: Tensor, cap: float, prefix: str, out: dict[str, Tensor]) -> None:
+def _moment_stats(w: Tensor, cap: float, name: str, over: str, row: _Row) -> None:
     """IS weight stats of the 1-D weights `w`: mean/min/max raw; std/ESS on [1/C, C]."""
     n = w.numel()
     if n == 0:
@@ -133,13 +148,15 @@ def _moment_stats(w: Tensor, cap: float, prefix: str, out: dict[str, Tensor]) ->
     capped = w.clamp(1.0 / cap, cap)
     mean_c = capped.mean()
     normalized = capped / mean_c
-    out[f"{prefix}_mean"] = w.mean()
-    out[f"{prefix}_std"] = (capped - mean_c).square().mean().sqrt()
-    out[f"{prefix}_min"] = w.min()
-    out[f"{prefix}_max"] = w.max()
-    out[f"{prefix}_ess"] = 1.0 / normalized.square().mean()
-    out[f"{prefix}_fraction_high"] = (w > cap).double().mean() if n else w.new_zeros(())
-    out[f"{prefix}_fraction_low"] = (w < 1.0 / cap).double().mean() if n else w.new_zeros(())
+    row.mean(f"{name}_mean", w.mean(), over)
+    row.mean(f"{name}_std", (capped - mean_c).square().mean().sqrt(), over)
+    row.min(f"{name}_min", w.min(), over)
+    row.max(f"{name}_max", w.max(), over)
+    row.mean(f"{name}_ess", 1.0 / normalized.square().mean(), over)
+    high = (w > cap).double().mean() if n else w.new_zeros(())
+    low = (w < 1.0 / cap).double().mean() if n else w.new_zeros(())
+    row.mean(f"{name}_fraction_high", high, over)
+    row.mean(f"{name}_fraction_low", low, over)
 
 
 def _bucket_table(bucket: Tensor, num_buckets: int, columns: Tensor) -> Tensor:
@@ -202,18 +219,18 @@ def mismatch_metrics(
     num_tokens = valid.sum(dim=1)  # [B]
     has_tokens = num_tokens > 0
     n_total = num_tokens.sum().clamp(min=1)
-    out: dict[str, Tensor] = {}
+    row = _Row()
 
     def token_mean(x: Tensor) -> Tensor:
         return torch.where(valid, x, torch.zeros_like(x)).sum() / n_total
 
-    out["kl"] = token_mean(-delta)
-    out["k3_kl"] = token_mean(k3)
-    out["chi2_token"] = token_mean(metric_exp(2 * delta)) - 1
+    row.mean("kl", token_mean(-delta))
+    row.mean("k3_kl", token_mean(k3))
+    row.mean("chi2_token", token_mean(metric_exp(2 * delta)) - 1)
     abs_delta = delta.abs()
-    out["abs_diff_mean"] = token_mean(abs_delta)
-    out["abs_diff_max"] = abs_delta.max() if abs_delta.numel() else abs_delta.new_zeros(())
-    out["token_mult_prob_error"] = token_mean(metric_exp(abs_delta))
+    row.mean("abs_diff_mean", token_mean(abs_delta))
+    row.max("abs_diff_max", abs_delta.max() if abs_delta.numel() else abs_delta.new_zeros(()))
+    row.mean("token_mult_prob_error", token_mean(metric_exp(abs_delta)))
 
     # Sequence level: means over sequences with at least one model token.
     n_seq = has_tokens.sum().clamp(min=1)
@@ -226,35 +243,32 @@ def mismatch_metrics(
         lp = torch.where(valid, logprobs.detach().double(), torch.zeros_like(delta))
         lp = torch.nan_to_num(lp, nan=0.0, posinf=0.0, neginf=-1e4)
         log_ppl = (-lp.sum(dim=1) / per_seq_n).clamp(-LOG_PPL_BOUND, LOG_PPL_BOUND)
-        out[f"{name}_log_ppl"] = seq_mean(log_ppl)
-        out[f"{name}_ppl"] = seq_mean(torch.exp(log_ppl))
+        row.mean(f"{name}_log_ppl", seq_mean(log_ppl), _SEQS)
+        row.mean(f"{name}_ppl", seq_mean(torch.exp(log_ppl)), _SEQS)
     seq_sum = delta.sum(dim=1)  # S
     log_ppl_diff = -seq_sum / per_seq_n  # mean ℓ^μ − mean ℓ^old, per sequence
-    out["log_ppl_diff"] = seq_mean(log_ppl_diff)
-    out["log_ppl_abs_diff"] = seq_mean(log_ppl_diff.abs())
+    row.mean("log_ppl_diff", seq_mean(log_ppl_diff), _SEQS)
+    row.mean("log_ppl_abs_diff", seq_mean(log_ppl_diff.abs()), _SEQS)
     kept = log_ppl_diff[has_tokens]
-    out["log_ppl_diff_max"] = kept.max() if kept.numel() else kept.new_zeros(())
-    out["log_ppl_diff_min"] = kept.min() if kept.numel() else kept.new_zeros(())
-    out["ppl_ratio"] = seq_mean(metric_exp(log_ppl_diff))
+    row.max("log_ppl_diff_max", kept.max() if kept.numel() else kept.new_zeros(()), _SEQS)
+    row.min("log_ppl_diff_min", kept.min() if kept.numel() else kept.new_zeros(()), _SEQS)
+    row.mean("ppl_ratio", seq_mean(metric_exp(log_ppl_diff)), _SEQS)
     rho_seq = metric_exp(seq_sum)
-    out["chi2_seq"] = seq_mean(metric_exp(2 * seq_sum)) - 1
+    row.mean("chi2_seq", seq_mean(metric_exp(2 * seq_sum)) - 1, _SEQS)
 
-    _moment_stats(rho[valid], cap, "is_token", out)
-    _moment_stats(rho_seq[has_tokens], cap, "is_seq", out)
-    out["num_tokens"] = num_tokens.sum().double()
-    out["num_seqs"] = has_tokens.sum().double()
-    out["nonfinite_tokens"] = count_nonfinite(trainer_logprobs, sampler_logprobs, valid).double()
+    _moment_stats(rho[valid], cap, "is_token", _TOKENS, row)
+    _moment_stats(rho_seq[has_tokens], cap, "is_seq", _SEQS, row)
+    row.count(_TOKENS, num_tokens.sum())
+    row.count(_SEQS, has_tokens.sum())
+    row.count("nonfinite_tokens", count_nonfinite(trainer_logprobs, sampler_logprobs, valid))
 
     flat_abs = abs_delta[valid]
     num_top = max(1, math.ceil(top_fraction * flat_abs.numel())) if flat_abs.numel() else 0
     total_abs = flat_abs.sum()
     top = torch.topk(flat_abs, num_top).values.sum() if num_top else flat_abs.new_zeros(())
     share = torch.where(total_abs > 0, top / total_abs.clamp(min=1e-30), total_abs.new_zeros(()))
-    out[f"top{_percent(top_fraction)}pct_abs_diff_share"] = share
-
-    keys = list(out)
-    values = torch.stack([out[k].double().reshape(()) for k in keys]).tolist()
-    result = {f"{prefix}/{k}": _declared(prefix, k, v) for k, v in zip(keys, values, strict=True)}
+    row.mean(f"top{_percent(top_fraction)}pct_abs_diff_share", share)
+    result = row.declared(prefix)
 
     columns = torch.stack([-delta[valid], k3[valid], abs_delta[valid]], dim=1)  # [n, 3]
     turn = turn_ids[valid].clamp(0, max_turns)

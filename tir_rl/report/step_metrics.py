@@ -64,13 +64,11 @@ class StepOutcome:
     `perf/rollout_s` (how long the step waited for them) and `async/...` counts."""
     batch: TrainBatch | None
     """The step's whole batch; None when no episode sampled a token."""
-    result: StepResult | None
-    """The trainer's update, or its scoring pass (`Trainer.score_step`) when the batch
-    carried no learning signal; None when no episode sampled a token."""
+    result: StepResult
+    """The trainer's update, its scoring pass (`Trainer.score_step`) when the batch carried
+    no learning signal, or `StepResult.no_batch()` when no episode sampled a token."""
     trainer_logprobs: torch.Tensor | None
     """[B, T] trainer logprobs of the whole batch (the update's ℓ^old, or a scoring pass)."""
-    updated: bool
-    """Whether the optimizer step was applied."""
     num_degenerate_groups: int
     train_s: float
     sync_s: float
@@ -85,21 +83,14 @@ class StepOutcome:
 def step_row(outcome: StepOutcome) -> dict[str, float]:
     """The step's metrics row (a new dict; `outcome.rollout_row` is left as it was)."""
     row = dict(outcome.rollout_row)
-    result = outcome.result
-    if result is not None:  # an update, or the scoring pass of a batch without signal
-        row.update(result.metrics)
+    row.update(outcome.result.row())
     row.update(
         {
-            "train/loss": result.loss if result else float("nan"),
-            "train/grad_norm": result.grad_norm if result else float("nan"),
-            "train/skipped": float(not outcome.updated),
             "train/degenerate_groups": float(outcome.num_degenerate_groups),
             "perf/train_s": outcome.train_s,
             "perf/sync_s": outcome.sync_s,
         }
     )
-    if result is not None and result.guard is not None:
-        row["guard/alerts"] = float(len(result.guard.alerts))
     if outcome.parity is not None:
         row["sync/parity_max_abs_diff"] = outcome.parity.max_abs_diff
         row["sync/parity_mean_abs_diff"] = outcome.parity.mean_abs_diff

@@ -36,7 +36,7 @@ producer), eval, metrics, plots, trajectories and the progress bar (`Rank0Driver
 rank holds an FSDP2 shard of the trainer and runs `Update` on its share of the batch (about
 B/W sequences and their advantages, `distributed.scatter_object`); the loss normalizer is a
 global token count, so the step equals the world-size-1 step. Rank-0-only work runs inside
-`distributed.rank0_share`, which also hands its failure to the other ranks (Ctrl-C,
+`distributed.rank0_share` (or `rank0_run`), which also hands its failure to the other ranks (Ctrl-C,
 ParityError, any error), so every rank reaches the same collective checkpoint; outside it
 rank 0 defers Ctrl-C and the other ranks ignore it (`distributed.interrupt_handling`). The
 step's metrics row is built by `tir_rl.report.step_metrics` and the driver.
@@ -53,7 +53,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import torch
 
@@ -79,6 +79,8 @@ if TYPE_CHECKING:
     from tir_rl.runtime import Runtime
 
 logger = logging.getLogger(__name__)
+
+Kept = TypeVar("Kept")
 
 _COLLECTIVE_TIMEOUT_S = 6 * 3600.0
 """Multi-rank runs: how long ranks > 0 wait on rank 0 (rollouts and eval take minutes)."""
@@ -408,25 +410,15 @@ class _TrainLoop:
         train_started = time.perf_counter()
         result = self.update(step, work)
         # Identical on every rank (global metrics); rank 0's verdict is taken all the same.
-        updated, stop = tdist.broadcast_object(
-            (result is not None and not result.skipped, result is not None and result.stop)
-        )  # type: ignore[misc]
+        updated, stop = tdist.broadcast_object((not result.skipped, result.stop))  # type: ignore[misc]
         # The trainer has taken this step: a failure from here on (Ctrl-C, a ParityError in
         # the sync) checkpoints it as done, and `--resume` goes on with the next one.
         self.summary.steps_done = step + 1
         batch = plan.batch if plan is not None else None
-        rows = batch.num_sequences if batch is not None else 0
-        shape = batch.completion_ids.shape if batch is not None else ()
-        trainer_logprobs = tdist.rank0_gather_rows(
-            result.logprobs if result is not None else None, num_rows=rows, shape=shape
-        )
-        correction = result.correction if result is not None else None
-        kept = tdist.rank0_gather_rows(
-            correction.loss_mask.float() if correction is not None else None,
-            num_rows=rows, shape=shape,
-        )  # fmt: skip
-        is_weights = tdist.rank0_gather_rows(
-            correction.weights if correction is not None else None, num_rows=rows, shape=shape
+        trainer_logprobs, kept, is_weights = tdist.rank0_gather_rows(
+            result.gathered_rows(),
+            num_rows=batch.num_sequences if batch is not None else 0,
+            shape=batch.completion_ids.shape if batch is not None else (),
         )
         train_s = time.perf_counter() - train_started
 
@@ -444,7 +436,6 @@ class _TrainLoop:
             batch=batch,
             result=result,
             trainer_logprobs=trainer_logprobs,
-            updated=updated,
             num_degenerate_groups=plan.num_degenerate_groups,
             train_s=train_s,
             sync_s=sync_s,
@@ -470,6 +461,10 @@ class _TrainLoop:
         """`tdist.rank0_share`; a failure it shares ends every rank the same way."""
         return tdist.rank0_share(fn, gate=self._gate, on_shared_failure=self._ended_together)
 
+    def _on_rank0(self, fn: Callable[[], Kept]) -> Kept | None:
+        """`tdist.rank0_run`; a failure it shares ends every rank the same way."""
+        return tdist.rank0_run(fn, gate=self._gate, on_shared_failure=self._ended_together)
+
     def _ended_together(self) -> None:
         self.ended_together = True
 
@@ -491,15 +486,15 @@ class _TrainLoop:
         clean = self.config.run.eval_clean_sampler
         separate_clean = clean and self.injection.changes_sampling
 
-        def evaluate() -> tuple[EvalReport, list[None]]:
+        def evaluate() -> EvalReport:
             assert self.driver is not None
             report, trajectories = self.driver.evaluate()
             self.driver.log_evaluation(step, when, "eval", report, trajectories)
             if clean and not separate_clean:  # the run's sampler is the clean one
                 self.driver.log_evaluation(step, when, "eval_clean", report, trajectories)
-            return report, [None] * self.world
+            return report
 
-        report, _ = self._share(evaluate)
+        report = self._on_rank0(evaluate)
         if separate_clean:
             self._evaluate_clean_shared(step, when)
         return report
@@ -512,7 +507,7 @@ class _TrainLoop:
         """
         full = self.trainer.rank0_full_state_dict()
 
-        def clean() -> tuple[None, list[None]]:
+        def clean() -> None:
             assert self.driver is not None and self.runtime is not None
             engine = self.runtime.engine
             with (
@@ -521,9 +516,8 @@ class _TrainLoop:
             ):
                 report, trajectories = self.driver.evaluate()
                 self.driver.log_evaluation(step, when, "eval_clean", report, trajectories)
-            return None, [None] * self.world
 
-        self._share(clean)
+        self._on_rank0(clean)
 
     # ------------------------------------------------------------------ pieces
 
@@ -537,15 +531,13 @@ class _TrainLoop:
             return None  # stale sampler: every rank skips the same syncs
         prepared = self.weight_sync.prepare(self.trainer, self.num_updates)
 
-        def send() -> tuple[ParityReport, list[None]]:
+        def send() -> ParityReport:
             assert self.runtime is not None
-            report = asyncio.run(
+            return asyncio.run(
                 self.weight_sync.rank0_send(self.runtime.engine, prepared, self.num_updates)
             )
-            return report, [None] * self.world
 
-        report, _ = self._share(send)
-        return report
+        return self._on_rank0(send)
 
     def _checkpoint(self, step: int) -> None:
         path = step_folder(self.run_dir, step)

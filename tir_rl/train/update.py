@@ -62,11 +62,11 @@ class Update:
                 "rollout --config ...` or `tir-rl doctor --config ...` to inspect the episodes."
             )
 
-    def __call__(self, step: int, work: StepWork) -> StepResult | None:
+    def __call__(self, step: int, work: StepWork) -> StepResult:
         """Recompute ℓ^old, measure and correct the mismatch, update; see `Trainer.train_step`.
 
         Returns the trainer's result (a scoring pass, `Trainer.score_step`, when the batch
-        carries no learning signal), or None when no episode sampled a token.
+        carries no learning signal), or `StepResult.no_batch()` when no episode sampled a token.
 
         Raises:
             TirError: `MAX_FAILED_STEPS` steps in a row had no trainable episode.
@@ -85,7 +85,7 @@ class Update:
                     f"error: {work.first_error or 'none recorded'}. Run `tir-rl rollout "
                     "--config ...` or `tir-rl doctor --config ...` to inspect the episodes."
                 )
-            return None
+            return StepResult.no_batch()
         self._failed_in_a_row = 0
         self.steps_with_tokens += 1
         if work.advantages is None:  # no signal: score the batch; the guard still watches it

@@ -4,12 +4,21 @@
 logprobs and entropy from `token_stats.py`, the mismatch correction (`tir_rl.mismatch`), the
 policy loss (`loss.py`), AdamW with clipping (`optimizer.py`) at the rate of
 `lr_schedule.py`, the frozen reference policy of a KL penalty (`reference.py`) and LoRA
-(`lora.py`). `checkpoint.py` saves and resumes the trainer's state and writes the Hugging
-Face model folder SFT writes too.
+(`lora.py`); its outcome is a `StepResult` (`step_result.py`). `checkpoint.py` saves and
+resumes the trainer's state and writes the Hugging Face model folder SFT writes too.
 """
 
 from tir_rl.trainer.batch import Packing, TrainBatch
 from tir_rl.trainer.lr_schedule import LRSchedule
-from tir_rl.trainer.trainer import PolicyLoss, StepResult, Trainer
+from tir_rl.trainer.step_result import StepResult, UpdateStatus
+from tir_rl.trainer.trainer import PolicyLoss, Trainer
 
-__all__ = ["LRSchedule", "Packing", "PolicyLoss", "StepResult", "TrainBatch", "Trainer"]
+__all__ = [
+    "LRSchedule",
+    "Packing",
+    "PolicyLoss",
+    "StepResult",
+    "TrainBatch",
+    "Trainer",
+    "UpdateStatus",
+]

@@ -36,6 +36,7 @@ from tir_rl.engine.weights_io import read_checkpoint_weights
 from tir_rl.errors import ConfigError
 from tir_rl.trainer import lora
 from tir_rl.trainer.reference import ReferenceRecord, check_record
+from tir_rl.trainer.step_result import UpdateStatus
 
 if TYPE_CHECKING:
     from tir_rl.mismatch.guard import CollapseGuard
@@ -45,6 +46,12 @@ MODEL_DIR = "model"
 ADAPTER_DIR = "adapter"
 _STATE_FILE = "trainer_state.json"
 CHECKPOINTS = "checkpoints"
+_SKIP_COUNT_KEYS = {
+    "num_skipped_nonfinite": UpdateStatus.NONFINITE,
+    "num_skipped_guard": UpdateStatus.GUARD,
+    "num_skipped_rejected": UpdateStatus.ALL_REJECTED,
+}
+"""The state file's name of each count of `Trainer.skip_counts`."""
 """A run folder's subfolder holding one `step_N` checkpoint per save."""
 
 
@@ -107,9 +114,7 @@ def save(
         record = {
             "step": trainer.step,
             "data_position": data_position,
-            "num_skipped_nonfinite": trainer.num_skipped_nonfinite,
-            "num_skipped_guard": trainer.num_skipped_guard,
-            "num_skipped_rejected": trainer.num_skipped_rejected,
+            **{key: trainer.skip_counts[status] for key, status in _SKIP_COUNT_KEYS.items()},
             "world_size": tdist.world_size(),
             "trainer_config": to_dict(trainer.config),
             "guard": guard.state_dict() if guard is not None else None,
@@ -170,9 +175,8 @@ def load(path: str | Path, trainer: Trainer, *, guard: CollapseGuard | None = No
     tdist.load_full_optimizer_state_dict(trainer.model, trainer.optimizer, optim_state)
 
     trainer.step = int(record["step"])
-    trainer.num_skipped_nonfinite = int(record.get("num_skipped_nonfinite", 0))
-    trainer.num_skipped_guard = int(record.get("num_skipped_guard", 0))
-    trainer.num_skipped_rejected = int(record.get("num_skipped_rejected", 0))
+    for key, status in _SKIP_COUNT_KEYS.items():
+        trainer.skip_counts[status] = int(record.get(key, 0))
     if guard is not None and record.get("guard"):
         guard.load_state_dict(record["guard"])
     rng_file = path / f"rng_rank{tdist.rank()}.pt"

@@ -97,26 +97,38 @@ class Aggregation(StrEnum):
     """Mean over each sequence's tokens, then mean over the global batch's sequences (GRPO)."""
 
 
-_METRIC_NAMES = (
-    "loss",
-    "num_tokens",
-    "clip_fraction_low",
-    "clip_fraction_high",
-    "ratio_mean",
-    "ratio_min",
-    "ratio_max",
-    "policy_kl",
-    "ref_kl",
+@dataclass(frozen=True)
+class LossMetric:
+    """One diagnostic of the loss, its column and how it combines over micro-batches and ranks."""
+
+    name: str
+    reduce: ReduceOp | None
+    """SUM for counts, MEAN over the loss tokens, MAX or MIN; None for the loss itself, which
+    the trainer normalizes and reports (`tir_rl.trainer.step_result.update_columns`)."""
+
+    @property
+    def key(self) -> str:
+        """The metrics column, `train/<name>`."""
+        return f"train/{self.name}"
+
+
+LOSS_METRICS = (
+    LossMetric("loss", None),
+    LossMetric("num_tokens", ReduceOp.SUM),
+    LossMetric("clip_fraction_low", ReduceOp.MEAN),
+    LossMetric("clip_fraction_high", ReduceOp.MEAN),
+    LossMetric("ratio_mean", ReduceOp.MEAN),
+    LossMetric("ratio_min", ReduceOp.MIN),
+    LossMetric("ratio_max", ReduceOp.MAX),
+    LossMetric("policy_kl", ReduceOp.MEAN),
+    LossMetric("ref_kl", ReduceOp.MEAN),
 )
+"""The values of `PolicyLossMetrics`, in their order."""
 
+LOSS_TOKENS = LOSS_METRICS[1].key
+"""The column counting the tokens the loss metrics are taken over."""
 
-_METRIC_REDUCTIONS: dict[str, ReduceOp | None] = {
-    "loss": None,
-    "num_tokens": ReduceOp.SUM,
-    "ratio_min": ReduceOp.MIN,
-    "ratio_max": ReduceOp.MAX,
-}
-"""The metrics that are not means over tokens."""
+_NAMES = tuple(metric.name for metric in LOSS_METRICS)
 
 
 @dataclass(frozen=True)
@@ -124,14 +136,14 @@ class PolicyLossMetrics:
     """Diagnostics of one loss call, computed without gradients over the local tokens.
 
     The values stay in one tensor on the loss's device, so building them costs no host
-    sync; reading a field (or `to_dict`) copies them to the host.
+    sync; reading a field copies it to the host.
     """
 
     values: Tensor
-    """[9] float32, in the order of the properties below."""
+    """[len(LOSS_METRICS)] float32, in the order of `LOSS_METRICS`."""
 
     def _get(self, name: str) -> float:
-        return float(self.values[_METRIC_NAMES.index(name)])
+        return float(self.values[_NAMES.index(name)])
 
     @property
     def loss(self) -> float:
@@ -177,23 +189,6 @@ class PolicyLossMetrics:
     def ref_kl(self) -> float:
         """k3 estimate of KL(θ ‖ ref); 0 without a reference."""
         return self._get("ref_kl")
-
-    def names(self, prefix: str = "loss") -> list[str]:
-        """Keys of `to_dict`, in the order of `values`."""
-        return [f"{prefix}/{name}" for name in _METRIC_NAMES]
-
-    @staticmethod
-    def reductions() -> list[ReduceOp | None]:
-        """How each value combines over micro-batches and ranks, in the order of `values`.
-
-        A mean over tokens, the extremes, the token count; None for `loss`, which the
-        trainer normalizes and reports itself.
-        """
-        return [_METRIC_REDUCTIONS.get(name, ReduceOp.MEAN) for name in _METRIC_NAMES]
-
-    def to_dict(self, prefix: str = "loss") -> dict[str, float]:
-        """Flat metrics for the logger, keys `prefix/name` (one host copy)."""
-        return dict(zip(self.names(prefix), self.values.tolist(), strict=True))
 
 
 def k3(log_ratio: Tensor) -> Tensor:

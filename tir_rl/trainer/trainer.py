@@ -48,6 +48,7 @@ import logging
 import math
 import os
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -58,7 +59,7 @@ from torch import nn
 from tir_rl import distributed as tdist
 from tir_rl.cpu_cores import parse_cpu_list, pin_process
 from tir_rl.errors import ConfigError, did_you_mean
-from tir_rl.metric import Metric, ReduceOp
+from tir_rl.metric import Metric
 from tir_rl.mismatch import (
     BypassMode,
     CorrectionPlan,
@@ -67,17 +68,24 @@ from tir_rl.mismatch import (
     correction,
     mismatch_metrics,
 )
-from tir_rl.mismatch.guard import CollapseGuard, GuardAction, GuardDecision
+from tir_rl.mismatch.guard import CollapseGuard, GuardDecision
 from tir_rl.models import resolve_model
 from tir_rl.trainer import lora as lora_ops
 from tir_rl.trainer.batch import MicroBatch, Packing, TrainBatch
 from tir_rl.trainer.lora import LoRAConfig
-from tir_rl.trainer.loss import GRPOLoss, PolicyLossMetrics
+from tir_rl.trainer.loss import LOSS_TOKENS, GRPOLoss, PolicyLossMetrics
 from tir_rl.trainer.lr_schedule import LRSchedule, check_schedule, lr_factor
 from tir_rl.trainer.optimizer import build_adamw, clip_gradients, seed_everything
 from tir_rl.trainer.packing import plan_micro_batches
 from tir_rl.trainer.prefix_attention import register_prefix_attention
 from tir_rl.trainer.reference import ReferencePolicy, load_reference
+from tir_rl.trainer.step_result import (
+    SKIP_COUNTS,
+    StepResult,
+    UpdateStatus,
+    combine_loss_metrics,
+    update_columns,
+)
 from tir_rl.trainer.token_stats import token_stats
 
 logger = logging.getLogger(__name__)
@@ -114,40 +122,6 @@ class PolicyLoss(Protocol):
 
 
 @dataclass
-class StepResult:
-    """What one `train_step` did, or one `score_step` (a batch without learning signal)."""
-
-    loss: float
-    """Global loss (sum over micro-batches and ranks of the globally normalized loss); NaN
-    for a scoring pass."""
-    grad_norm: float
-    """Global gradient L2 norm before clipping; NaN for a scoring pass."""
-    skipped: bool
-    """True when no optimizer step was applied (non-finite values, the guard, or a scoring
-    pass, which never updates)."""
-    metrics: dict[str, float] = field(default_factory=dict)
-    """`train/...` and `mismatch/...` metrics, identical on every rank (a scoring pass has the
-    `mismatch/...` ones only)."""
-    guard: GuardDecision | None = None
-    """The collapse guard's verdict, when a guard was given."""
-    logprobs: torch.Tensor | None = None
-    """[B, T] float32 (CPU) trainer logprobs ℓ^old the step used: the given `old_logprobs`
-    (as given: every completion token when they come from `compute_logprobs`), or, in the
-    one-pass path, the update forward's own detached ℓ^θ of the model tokens (loss mask 1)
-    only, 0 at tool/rendered tokens and past each completion's end (lm_head runs only where
-    the update uses a logprob). Only loss-mask-1 values are meaningful to the mismatch
-    metrics, the correction and the loss."""
-    correction: CorrectionResult | None = None
-    """This rank's rows as the update's correction left them (kept mask, importance weights);
-    None for a scoring pass."""
-
-    @property
-    def stop(self) -> bool:
-        """Whether the guard asked the loop to checkpoint and stop."""
-        return self.guard is not None and self.guard.action is GuardAction.STOP
-
-
-@dataclass
 class _UpdatePass:
     """What the micro-batch loop of one step leaves behind."""
 
@@ -155,9 +129,44 @@ class _UpdatePass:
     """[B, T] float32 CPU, detached ℓ^θ of the model tokens (loss mask 1); 0 elsewhere."""
     sums: torch.Tensor
     """[2] float64 on the device: unnormalized loss sum, entropy sum over model tokens."""
-    metric_names: list[str]
     metric_rows: list[torch.Tensor]
-    """Per micro-batch, on the device: [1 + len(metric_names)], its loss-token count first."""
+    """Per micro-batch, on the device: [1 + len(LOSS_METRICS)], its loss-token count first."""
+
+
+@dataclass
+class _Totals:
+    """The step's global figures, identical on every rank."""
+
+    loss: float
+    grad_norm: float
+    num_loss_tokens: int
+    num_tokens_computed: int
+    """Every token of the ranks' batches (prompt, completion, padding the packer kept)."""
+    metrics: dict[str, float]
+
+    @property
+    def finite(self) -> bool:
+        return math.isfinite(self.loss) and math.isfinite(self.grad_norm)
+
+
+class _Clock:
+    """Seconds since the step started, at the marks of its stages."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.marks: dict[str, float] = {}
+
+    def mark(self, stage: str) -> None:
+        self.marks[stage] = time.perf_counter()
+
+    def metrics(self) -> dict[str, float]:
+        """`train/<stage>_s` for each stage (from the previous mark) and `train/step_s`."""
+        out, previous = {}, self.start
+        for stage, at in self.marks.items():
+            out[f"train/{stage}_s"] = at - previous
+            previous = at
+        out["train/step_s"] = previous - self.start
+        return out
 
 
 def _freeze_all_but(model: nn.Module, patterns: Sequence[str]) -> None:
@@ -411,9 +420,8 @@ class Trainer:
             )
         self.step = 0
         """Number of train_step calls so far (applied or skipped); the schedule's step."""
-        self.num_skipped_nonfinite = 0
-        self.num_skipped_guard = 0
-        self.num_skipped_rejected = 0
+        self.skip_counts: Counter[UpdateStatus] = Counter()
+        """How many steps ended with each `SKIP_COUNTS` status (kept in checkpoints)."""
         """Steps whose correction rejected every token (no optimizer step was made)."""
 
     # ------------------------------------------------------------------ logprobs
@@ -526,7 +534,7 @@ class Trainer:
         skipped (there is no update); a guard's `stop` still ends the run.
 
         Returns:
-            A skipped `StepResult` with NaN loss and gradient norm, the global `mismatch/...`
+            A `SCORED` result with NaN loss and gradient norm, the global `mismatch/...`
             metrics, the guard's decision, and `compute_logprobs(batch)` as `logprobs`.
         """
         logprobs = self.compute_logprobs(batch)
@@ -537,7 +545,7 @@ class Trainer:
         decision = None
         if guard is not None:
             decision = guard.check(self.step, metrics, batch=batch.tensors(), rank=tdist.rank())
-        return StepResult(math.nan, math.nan, True, metrics, decision, logprobs)
+        return StepResult(math.nan, math.nan, UpdateStatus.SCORED, metrics, decision, logprobs)
 
     def train_step(
         self,
@@ -547,15 +555,11 @@ class Trainer:
         old_logprobs: torch.Tensor | None = None,
         guard: CollapseGuard | None = None,
     ) -> StepResult:
-        """One optimizer step on this rank's share of the global batch.
+        """One optimizer step on this rank's share of the global batch (the module's diagram).
 
-        Without `old_logprobs` the step makes one forward per micro-batch: with one optimizer
-        step per batch the weights that would recompute ℓ^old are the update's own, so
-        ℓ^old = ℓ^θ detached. Each micro-batch's sequences are corrected on their own (the
-        correction is per sequence) and their loss is summed unnormalized; the gradient is
-        divided by the global normalizer once it is known, after the last micro-batch. A
-        correction with `batch_normalize` needs the whole batch's weights first, so it keeps
-        the two-pass path (no-grad recompute, then the update).
+        One forward per micro-batch (ℓ^old = ℓ^θ detached) unless `old_logprobs` are given or
+        the correction normalizes over the whole batch: then the whole batch is corrected
+        first. The gradient is divided by the global normalizer after the last micro-batch.
 
         Args:
             batch: this rank's sequences.
@@ -565,120 +569,140 @@ class Trainer:
             guard: collapse guard consulted before the update is applied.
 
         Returns:
-            The loss, pre-clip gradient norm, whether the step was skipped, metrics, and the
-            ℓ^old used ([B, T] float32 on the CPU; in the one-pass path only the model
-            tokens' entries are filled, 0 elsewhere: see `StepResult.logprobs`).
+            Its status, global loss, pre-clip gradient norm, metrics, and the ℓ^old used
+            (see `StepResult.logprobs`).
         """
-        t_start = time.perf_counter()
-        advantages = advantages.detach().float().cpu()
-        if advantages.shape != (batch.num_sequences,):
-            raise ConfigError(
-                f"advantages must have shape [{batch.num_sequences}], got {tuple(advantages.shape)}"
-            )
+        clock = _Clock()
+        advantages = _checked_advantages(batch, advantages)
         plan = self.correction_config.plan()
-        presplit = None
-        if old_logprobs is None and plan.whole_batch_first:
-            old_logprobs = self.compute_logprobs(batch)
-        if old_logprobs is not None:  # two-pass: correct the whole batch before the loop
-            old_logprobs = old_logprobs.detach().float().cpu()
-            presplit = self._correct(batch, old_logprobs)
-        t_logprobs = time.perf_counter()
+        old_logprobs, presplit = self._whole_batch_first(batch, old_logprobs, plan)
+        clock.mark("logprob")
 
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         update = self._update_pass(batch, advantages, old_logprobs, presplit, plan)
-        t_backward = time.perf_counter()
+        clock.mark("backward")
 
-        if old_logprobs is None:
-            old_logprobs = update.logprobs
-        # The batch's metrics and stats, from the same ℓ^old as the micro-batches used.
-        metrics = mismatch_metrics(
+        old_logprobs = old_logprobs if old_logprobs is not None else update.logprobs
+        corrected = presplit if presplit is not None else self._correct(batch, old_logprobs)
+        local = mismatch_metrics(
             old_logprobs, batch.sampler_logprobs, batch.loss_mask, batch.turn_ids
         )
-        corrected = presplit if presplit is not None else self._correct(batch, old_logprobs)
-        mask = corrected.loss_mask.bool()
-        metrics.update(corrected.stats.to_dict())
-        t_mismatch = time.perf_counter()
+        local.update(corrected.stats.to_dict())
+        local.update(combine_loss_metrics(update.metric_rows))
+        clock.mark("mismatch")
 
-        num_tokens = tdist.all_reduce_count(int(mask.sum()))
-        num_sequences = tdist.all_reduce_count(int(mask.any(dim=-1).sum()))
+        totals = self._global_totals(batch, corrected, update, local)
+        decision = None
+        if guard is not None:
+            watched = totals.metrics | update_columns(totals.loss, totals.grad_norm)
+            batch_tensors = batch.tensors() | {"advantages": advantages}
+            decision = guard.check(self.step, watched, batch=batch_tensors, rank=tdist.rank())
+        lr = self.lr_at(self.step)
+        status = self._apply_or_skip(totals, decision, lr)
+        clock.mark("apply")
+        totals.metrics.update(self._step_columns(totals, clock, lr))
+        self.step += 1
+        return StepResult(
+            totals.loss, totals.grad_norm, status, totals.metrics, decision, old_logprobs, corrected
+        )
+
+    def _whole_batch_first(
+        self, batch: TrainBatch, old_logprobs: torch.Tensor | None, plan: CorrectionPlan
+    ) -> tuple[torch.Tensor | None, CorrectionResult | None]:
+        """The two-pass path's ℓ^old and whole-batch correction; (None, None) in one pass."""
+        if old_logprobs is None and plan.whole_batch_first:
+            old_logprobs = self.compute_logprobs(batch)
+        if old_logprobs is None:
+            return None, None
+        old_logprobs = old_logprobs.detach().float().cpu()
+        return old_logprobs, self._correct(batch, old_logprobs)
+
+    def _step_columns(self, totals: _Totals, clock: _Clock, lr: float) -> dict[str, float]:
+        """The step's timings, rate, learning rate and the trainer's skip counts so far."""
+        columns = clock.metrics()
+        columns["train/lr"] = lr
+        columns["train/tokens_per_s"] = totals.num_tokens_computed / max(
+            columns["train/step_s"], 1e-9
+        )
+        for counted in SKIP_COUNTS:
+            columns[f"train/{counted}"] = float(self.skip_counts[counted])
+        return columns
+
+    def _global_totals(
+        self,
+        batch: TrainBatch,
+        corrected: CorrectionResult,
+        update: _UpdatePass,
+        local: dict[str, Metric],
+    ) -> _Totals:
+        """Divide the gradients by the global normalizer; reduce the figures over the ranks.
+
+        The counts and sums go in one collective, the metrics in `all_reduce_metrics`.
+        """
+        kept = corrected.loss_mask.bool()
+        loss_sum, entropy_sum = update.sums.tolist()  # the loop's one host read
+        model_tokens = int(batch.loss_mask.sum())
+        global_sums = tdist.all_reduce_tensor(
+            torch.tensor(
+                [
+                    int(kept.sum()),
+                    int(kept.any(dim=-1).sum()),
+                    model_tokens,
+                    model_tokens - int(kept.sum()),
+                    batch.num_tokens,
+                    loss_sum,
+                    entropy_sum,
+                ],
+                dtype=torch.float64,
+            )
+        ).tolist()
+        num_tokens, num_sequences, num_model_tokens, num_masked, num_computed = (
+            int(v) for v in global_sums[:5]
+        )
         normalizer = self.loss_fn.global_normalizer(
             num_tokens=num_tokens, num_sequences=num_sequences
         )
         for p in self.model.parameters():
             if p.grad is not None:
                 p.grad.div_(normalizer)
-        local = update.sums.tolist()  # the one host read of the loop's device accumulators
-        total_loss = tdist.all_reduce_scalar(local[0]) / normalizer
-        entropy_sum = tdist.all_reduce_scalar(local[1])
-        loss_metrics = _combine_micro_metrics(update.metric_names, update.metric_rows)
-        num_model_tokens = tdist.all_reduce_count(int(batch.loss_mask.sum()))
         grad_norm = float(tdist.grad_norm(self.model.parameters()))
-        metrics.update(loss_metrics)
         if self.reference is None:
-            metrics.pop("train/ref_kl", None)  # no reference: no KL to it (not a KL of 0)
-        metrics = tdist.all_reduce_metrics(metrics)
-        metrics.pop("train/num_tokens", None)  # the same count as train/num_loss_tokens
-        finite = math.isfinite(total_loss) and math.isfinite(grad_norm)
+            local.pop("train/ref_kl", None)  # no reference: no KL to it (not a KL of 0)
+        metrics = tdist.all_reduce_metrics(local)
+        metrics.pop(LOSS_TOKENS, None)  # the same count as train/num_loss_tokens
         metrics.update(
             {
-                "train/loss": total_loss,
-                "train/grad_norm": grad_norm,
-                "train/entropy": entropy_sum / num_model_tokens if num_model_tokens else 0.0,
+                "train/entropy": global_sums[6] / num_model_tokens if num_model_tokens else 0.0,
                 "train/num_loss_tokens": float(num_tokens),
                 "train/num_loss_sequences": float(num_sequences),
-                "train/num_masked_by_correction": float(
-                    tdist.all_reduce_count(int(batch.loss_mask.sum()) - int(mask.sum()))
-                ),
+                "train/num_masked_by_correction": float(num_masked),
             }
         )
+        return _Totals(global_sums[5] / normalizer, grad_norm, num_tokens, num_computed, metrics)
 
-        lr = self.lr_at(self.step)
-        decision = None
-        if guard is not None:
-            decision = guard.check(
-                self.step, metrics, batch=batch.tensors() | {"advantages": advantages},
-                rank=tdist.rank(),
-            )  # fmt: skip
-        skipped = True
-        if not finite:
-            self.num_skipped_nonfinite += 1
+    def _apply_or_skip(
+        self, totals: _Totals, decision: GuardDecision | None, lr: float
+    ) -> UpdateStatus:
+        """Step the optimizer unless the figures or the guard say not to; clear the gradients."""
+        status = UpdateStatus.APPLIED
+        if not totals.finite:
+            status = UpdateStatus.NONFINITE
             logger.warning("step %d: non-finite loss or gradient; update skipped", self.step)
-        elif num_tokens == 0:
-            # The correction rejected every token: the gradient is zero, but AdamW would still
-            # move the weights (momentum, weight decay). Nothing was learned: no step.
-            self.num_skipped_rejected += 1
+        elif totals.num_loss_tokens == 0:
+            status = UpdateStatus.ALL_REJECTED
             logger.warning("step %d: the correction rejected every token; no update", self.step)
         elif decision is not None and not decision.apply_update:
-            self.num_skipped_guard += 1
+            status = UpdateStatus.GUARD
         else:
-            self._clip(grad_norm)
+            self._clip(totals.grad_norm)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             self.optimizer.step()
-            skipped = False
+        if status is not UpdateStatus.APPLIED:
+            self.skip_counts[status] += 1
         self.optimizer.zero_grad(set_to_none=True)
-        t_end = time.perf_counter()
-
-        num_tokens_computed = tdist.all_reduce_count(batch.num_tokens)
-        metrics.update(
-            {
-                "train/skipped": float(skipped),
-                "train/lr": lr,
-                "train/skipped_nonfinite": float(self.num_skipped_nonfinite),
-                "train/skipped_guard": float(self.num_skipped_guard),
-                "train/skipped_all_rejected": float(self.num_skipped_rejected),
-                "train/logprob_s": t_logprobs - t_start,
-                "train/backward_s": t_backward - t_logprobs,
-                "train/mismatch_s": t_mismatch - t_backward,
-                "train/step_s": t_end - t_start,
-                "train/tokens_per_s": num_tokens_computed / max(t_end - t_start, 1e-9),
-            }
-        )
-        self.step += 1
-        return StepResult(
-            total_loss, grad_norm, skipped, metrics, decision, old_logprobs, corrected
-        )
+        return status
 
     def _pin_to_cores(self, cpu_list: str | int) -> None:
         if self.device.type != "cpu":
@@ -742,7 +766,6 @@ class Trainer:
             on_device["mask"] = presplit.loss_mask.to(dev)
         logprobs = torch.zeros(batch.completion_ids.shape, dtype=torch.float32, device=dev)
         sums = torch.zeros(2, dtype=torch.float64, device=dev)  # loss, entropy of mask-1 tokens
-        names: list[str] = []
         rows: list[torch.Tensor] = []
         for mb in self._matched(self._plan(batch)):
             if mb is None:
@@ -787,10 +810,9 @@ class Trainer:
             )
             loss.backward()
             sums += torch.stack([loss.detach().double(), entropy.sum().double()])
-            names, row = _metric_row(loss_metrics)
             weight = (mask > 0).sum().float().reshape(1)
-            rows.append(torch.cat([weight, row.float()]))
-        return _UpdatePass(logprobs.cpu(), sums, names, rows)
+            rows.append(torch.cat([weight, loss_metrics.values.float()]))
+        return _UpdatePass(logprobs.cpu(), sums, rows)
 
     def _clip(self, grad_norm: float) -> None:
         clip_gradients(self.model.parameters(), self.config.max_grad_norm, grad_norm)
@@ -836,43 +858,13 @@ def _score_only(head: nn.Module, rows: torch.Tensor, columns: torch.Tensor) -> I
         handle.remove()
 
 
-def _metric_row(metrics: PolicyLossMetrics) -> tuple[list[str], torch.Tensor]:
-    """A loss's metrics as names and one tensor (no host copy)."""
-    return metrics.names(), metrics.values
-
-
-def _combine_micro_metrics(names: list[str], rows: list[torch.Tensor]) -> dict[str, Metric]:
-    """The loss metrics of this rank's micro-batches, combined as each declares.
-
-    Each row is [loss-token count, *metrics]; micro-batches without tokens are ignored.
-    Means are token-weighted; `train/num_tokens`, this rank's total, weighs its means and
-    bounds its extremes across ranks.
-    """
-    if not rows:
-        return {}
-    table = torch.stack([row.cpu() for row in rows]).tolist()
-    total = sum(row[0] for row in table)
-    over = "train/num_tokens"
-    out: dict[str, Metric] = {over: Metric.count(total)}
-    reductions = PolicyLossMetrics.reductions()
-    for column, (key, reduce) in enumerate(zip(names, reductions, strict=True), start=1):
-        if reduce is None or reduce is ReduceOp.SUM:  # the loss; the count (above)
-            continue
-        values = [(row[0], row[column]) for row in table if row[0] > 0]
-        if not values:
-            continue
-        name = _train_key(key)
-        if reduce is ReduceOp.MAX:
-            out[name] = Metric.max(max(v for _, v in values), over)
-        elif reduce is ReduceOp.MIN:
-            out[name] = Metric.min(min(v for _, v in values), over)
-        else:
-            out[name] = Metric.mean(sum(w * v for w, v in values) / max(total, 1e-12), over)
-    return out
-
-
-def _train_key(key: str) -> str:
-    return key if key.startswith("train/") else f"train/{key.split('/', 1)[-1]}"
+def _checked_advantages(batch: TrainBatch, advantages: torch.Tensor) -> torch.Tensor:
+    advantages = advantages.detach().float().cpu()
+    if advantages.shape != (batch.num_sequences,):
+        raise ConfigError(
+            f"advantages must have shape [{batch.num_sequences}], got {tuple(advantages.shape)}"
+        )
+    return advantages
 
 
 def _pick_device(name: str) -> torch.device:

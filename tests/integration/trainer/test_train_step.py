@@ -10,6 +10,7 @@ from trainer_helpers import make_batch, with_sampler_logprobs
 
 from tir_rl.mismatch import MismatchCorrection
 from tir_rl.mismatch.guard import CollapseGuard, GuardAction
+from tir_rl.trainer import UpdateStatus
 
 
 def params(trainer) -> dict[str, torch.Tensor]:
@@ -37,6 +38,12 @@ def test_positive_advantage_raises_the_sequences_logprob_and_moves_every_paramet
     assert unchanged == []
     assert result.metrics["train/num_loss_tokens"] == float(batch.loss_mask.sum())
     assert "mismatch/k3_kl" in result.metrics and "train/clip_fraction_high" in result.metrics
+    assert result.status is UpdateStatus.APPLIED
+    # the update's own figures are named once, by the result's row, from its typed fields
+    assert not {"train/loss", "train/grad_norm", "train/skipped"} & result.metrics.keys()
+    row = result.row()
+    assert (row["train/loss"], row["train/grad_norm"]) == (result.loss, result.grad_norm)
+    assert row["train/skipped"] == 0.0
 
 
 def test_grad_norm_is_logged_before_clipping_and_the_update_is_clipped(make_trainer):
@@ -82,7 +89,7 @@ def test_nonfinite_gradient_skips_the_step(make_trainer, monkeypatch):
     result = trainer.train_step(batch, torch.ones(batch.num_sequences))
     handle.remove()
     assert result.skipped and math.isfinite(result.loss) and not math.isfinite(result.grad_norm)
-    assert trainer.num_skipped_nonfinite == 1
+    assert trainer.skip_counts[UpdateStatus.NONFINITE] == 1
     assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
 
 
@@ -123,7 +130,9 @@ def test_a_batch_without_signal_is_scored_and_watched_by_the_guard(make_trainer,
     assert (result.guard.saved_to / "alert.json").is_file()
     assert torch.equal(result.logprobs, trainer.compute_logprobs(batch))
     assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
-    assert trainer.step == 0 and trainer.num_skipped_guard == 0  # no update was there to skip
+    assert (
+        trainer.step == 0 and trainer.skip_counts[UpdateStatus.GUARD] == 0
+    )  # no update was there to skip
 
 
 def test_rejected_sequences_leave_the_normalizer(make_trainer):
