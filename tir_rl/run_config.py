@@ -160,6 +160,8 @@ class EnvSection:
 
 FOLLOWS_MODEL = ""
 """Default of `engine.model_path` and `trainer.model` in a run config: take `model`."""
+FOLLOWS_ROLLOUT = None
+"""Default of `trainer.temperature` in a run config: take `rollout.temperature`."""
 
 
 @dataclass(kw_only=True)
@@ -175,7 +177,9 @@ class RunConfig:
     chat: ChatFormat.Config = field(default_factory=ChatFormat.Config)
     """The chat format (docs/chat-format.md, docs/bring_your_model.md): its family and the
     system prompt and tool block it renders."""
-    trainer: Trainer.Config = field(default_factory=lambda: Trainer.Config(model=FOLLOWS_MODEL))
+    trainer: Trainer.Config = field(
+        default_factory=lambda: Trainer.Config(model=FOLLOWS_MODEL, temperature=FOLLOWS_ROLLOUT)
+    )
     loss: GRPOLoss.Config = field(default_factory=GRPOLoss.Config)
     correction: MismatchCorrection.Config = field(default_factory=MismatchCorrection.Config)
     correction_preset: str | None = None
@@ -188,7 +192,7 @@ class RunConfig:
     """Weights & Biases settings; used when `run.loggers` names `wandb`."""
 
     def validate(self) -> None:
-        """Cross-section checks; also points engine and trainer at `model`."""
+        """Cross-section checks; points the sections at the settings they follow."""
         self.run.validate()
         self._check_wandb()
         if self.trainer.reference_model and self.loss.kl_coef == 0:
@@ -198,12 +202,7 @@ class RunConfig:
                 "KL penalty to it, or drop trainer.reference_model."
             )
         self._resolve_degenerate_groups()
-        if self.trainer.temperature != self.rollout.temperature:
-            raise ConfigError(
-                f"trainer.temperature={self.trainer.temperature} differs from "
-                f"rollout.temperature={self.rollout.temperature}: the trainer must divide its "
-                "logits by the sampler's temperature. Set both to the same value."
-            )
+        self._follow_temperature()
         if self.correction_preset is not None:
             default = MismatchCorrection.Config()
             changed = {
@@ -285,6 +284,18 @@ class RunConfig:
                 )
         self.engine = dataclasses.replace(self.engine, model_path=self.model)
         self.trainer.model = self.model
+
+    def _follow_temperature(self) -> None:
+        """The trainer divides its logits by the sampler's temperature, named once."""
+        given = self.trainer.temperature
+        if given not in (FOLLOWS_ROLLOUT, self.rollout.temperature):
+            raise ConfigError(
+                f"trainer.temperature={given} differs from rollout.temperature="
+                f"{self.rollout.temperature}: the trainer must divide its logits by the "
+                "sampler's temperature, named once by rollout.temperature. Set "
+                f"rollout.temperature={given} and leave trainer.temperature unset."
+            )
+        self.trainer.temperature = self.rollout.temperature
 
     def _follow_run_seed(self) -> None:
         """Seed every random source left unset from `run.seed` (the saved config is explicit)."""

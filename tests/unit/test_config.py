@@ -130,6 +130,17 @@ def test_engine_and_trainer_follow_model_and_a_different_checkpoint_is_refused()
             config.load(RunConfig, None, ["model=tiny", f"{key}=bundled"])
 
 
+def test_the_trainer_follows_the_rollout_temperature_and_a_different_one_is_refused():
+    from tir_rl.run_config import RunConfig
+
+    cfg = config.load(RunConfig, None, ["rollout.temperature=0.7"])
+    assert cfg.trainer.temperature == 0.7  # named once, by the sampler
+    same = config.load(RunConfig, None, ["rollout.temperature=0.7", "trainer.temperature=0.7"])
+    assert same.trainer.temperature == 0.7  # a saved config, explicit, loads again
+    with pytest.raises(ConfigError, match="trainer.temperature=0.5 differs from rollout"):
+        config.load(RunConfig, None, ["rollout.temperature=0.7", "trainer.temperature=0.5"])
+
+
 def test_a_kl_penalty_loads_and_a_reference_model_without_one_is_refused():
     from tir_rl.run_config import RunConfig
 
@@ -196,8 +207,7 @@ def test_an_injection_sets_the_samplers_dtype_and_logprobs_mode_or_refuses_a_con
 
     bf16 = config.load(RunConfig, None, ["inject.sampler_dtype=bfloat16"])
     assert bf16.engine.dtype == "bfloat16"
-    raw = config.load(RunConfig, None, ["inject.raw_logprobs=true", "rollout.temperature=0.7",
-                                        "trainer.temperature=0.7"])  # fmt: skip
+    raw = config.load(RunConfig, None, ["inject.raw_logprobs=true", "rollout.temperature=0.7"])
     assert raw.engine.logprobs_mode == "raw_logprobs"
     with pytest.raises(ConfigError, match="engine.dtype='float16' contradicts inject.sampler"):
         config.load(RunConfig, None, ["inject.sampler_dtype=bfloat16", "engine.dtype=float16"])

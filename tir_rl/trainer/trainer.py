@@ -217,8 +217,10 @@ class Trainer:
         """Clip the global gradient norm to this; 0 or less disables clipping."""
         micro_batch_tokens: int = 4096
         """Token budget of one forward/backward pass (padding included when not packed)."""
-        temperature: float = 1.0
-        """Sampling temperature; must equal the sampler's (logits are divided by it)."""
+        temperature: float | None = 1.0
+        """The sampler's temperature, which the trainer divides its logits by. In a run
+        config it is null and follows `rollout.temperature` (set it there); a value that
+        differs is refused."""
         dtype: Literal["float32", "bfloat16", "float16"] = "float32"
         """Compute dtype of the forward and backward passes. Parameters, gradients and the
         AdamW state stay float32 (master weights) whatever this is; bfloat16/float16 run the
@@ -278,7 +280,7 @@ class Trainer:
 
         def validate(self) -> None:
             """Check values a user can get wrong."""
-            if self.temperature <= 0:
+            if self.temperature is not None and self.temperature <= 0:
                 raise ConfigError(f"trainer.temperature must be > 0, got {self.temperature}.")
             if self.micro_batch_tokens <= 0:
                 raise ConfigError("trainer.micro_batch_tokens must be positive.")
@@ -325,6 +327,11 @@ class Trainer:
 
         self.config = config or Trainer.Config()
         self.config.validate()
+        if self.config.temperature is None:
+            raise ConfigError(
+                "trainer.temperature is unset (null follows rollout.temperature in a run "
+                "config): give a trainer built alone the sampler's temperature."
+            )
         self.lr_at(0)  # refuse a schedule that cannot run (cosine without its length) now
         seed_everything((self.config.seed or 0) + tdist.rank())
         self.device = _pick_device(self.config.device)
