@@ -124,14 +124,14 @@ def test_a_weights_folder_others_can_write_is_refused(tmp_path):
 
 
 def test_a_client_reads_its_key_from_the_file_it_names(tmp_path, monkeypatch):
-    from tir_rl.engine.vllm_http import ServerAddress, authorization_headers
+    from tir_rl.engine.vllm_http import ServerConnection, authorization_headers
 
     monkeypatch.setenv("HOME", str(tmp_path))
     secret = RunSecret.generate()
     secret.write(tmp_path / ".tir-rl" / "run.secret")
-    address = ServerAddress(base_url="http://h:1", api_key_file="~/.tir-rl/run.secret")
+    address = ServerConnection(base_url="http://h:1", api_key_file="~/.tir-rl/run.secret")
     assert authorization_headers(address) == {"Authorization": secret.authorization}
-    assert authorization_headers(ServerAddress(base_url="http://h:1")) == {}
+    assert authorization_headers(ServerConnection(base_url="http://h:1")) == {}
     (tmp_path / ".tir-rl" / "run.secret").chmod(0o644)
     with pytest.raises(ConfigError, match="chmod 600"):
         authorization_headers(address)

@@ -1,10 +1,13 @@
 """The run's engine: `engine.kind` picks the in-process vLLM or a `vllm serve` server.
 
-`EngineConfig` is the `engine` section of a run config. Its flat keys are the local engine's
-(`VLLMLocalEngine.Config`), so `kind: local` configs read as before; `kind: http` adds the
-server's address under `engine.http` and keeps only the flat keys that mean something for a
-server someone else started (the checks the engine makes, and the weights folder). A key of
-the other kind that differs from its default is refused at load time, never ignored.
+`EngineConfig` is the `engine` section of a run config. Each key is defined once: the keys
+every engine shares (`SamplerSettings`: the dtype and logprobs mode the sampler must use,
+what the run accepts from it, how weights reach it), the local engine's own keys
+(`VLLMLocalEngine.Config`), both flat, and the servers' under `engine.http`
+(`ServerSection`: one server's connection, `ServerConnection`, plus a pool's servers,
+routing and hang check). With `kind: http` only the shared keys apply among the flat ones;
+a key of the other kind that differs from its default is refused at load time, never
+ignored.
 
 `build_engine` starts or connects to the engine named by the config: the local engine, one
 server, or a pool of servers (`tir_rl.engine.pool`). A server must have been started on the
@@ -23,7 +26,8 @@ from pathlib import Path
 
 from tir_rl.engine.base import Engine
 from tir_rl.engine.pool import EnginePool, HangCheck, Routing
-from tir_rl.engine.vllm_http import ServerAddress, VLLMHttpEngine
+from tir_rl.engine.sampler_settings import SAMPLER_SETTING_NAMES
+from tir_rl.engine.vllm_http import ServerConnection, VLLMHttpEngine
 from tir_rl.engine.vllm_local import VLLMLocalEngine
 from tir_rl.engine.weights_io import read_checkpoint_weights
 from tir_rl.errors import ConfigError, EngineError
@@ -40,40 +44,56 @@ class EngineKind(enum.StrEnum):
     """A running `vllm serve` server (`VLLMHttpEngine`); the run never starts or stops it."""
 
 
-HTTP_KEYS = (
-    "model_path",
-    "dtype",
-    "logprobs_mode",
-    "allow_other_logprobs_mode",
-    "allow_truncated_sampling",
-    "weights_dir",
-    "weight_transfer",
-    "transfer_address",
-)
-"""Flat `engine` keys that also apply to `kind: http` (checked against the server, or
-where the weights go); every other flat key configures the local engine only."""
+HTTP_KEYS = ("model_path", *SAMPLER_SETTING_NAMES)
+"""Flat `engine` keys that also apply to `kind: http`: the shared `SamplerSettings` (checked
+against the server, or where the weights go) and the model; every other flat key configures
+the local engine only."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerSection(ServerConnection):
+    """One server's connection, or a pool's servers and how the pool uses them."""
+
+    base_urls: list[str] = field(default_factory=list)
+    """Several servers of the same model, used as one pool (`tir_rl.engine.pool`): an
+    episode stays on one server, a new episode goes to the least-loaded one, and a server
+    that goes away is left while the run goes on. Give this or `base_url`, not both."""
+    routing: Routing = Routing.STICKY
+    """How a pool picks a server: `sticky` (an episode stays on its server, for its prefix
+    cache; a new one goes to the least-loaded server), or, as controls for measuring what
+    that buys, `least_loaded` or `random` (episodes ignored). Only with `base_urls`."""
+    hang_check_s: float = 30.0
+    """A pool's request or weight load that has waited this long asks its server's `/health`;
+    a server that does not answer within `health_timeout_s` is hung (stopped, swapped out,
+    wedged): it leaves the pool and its requests go to another server. 0: never ask (a hung
+    server then holds its requests for `timeout_s`). Only with `base_urls`."""
+    health_timeout_s: float = 10.0
+    """How long a pool waits for a server's `/health` when it asks whether it is hung."""
+
+    def validate(self) -> None:
+        """Raise `ConfigError` for a pool setting that cannot work."""
+        HangCheck(self.hang_check_s, self.health_timeout_s).validate()
 
 
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig(VLLMLocalEngine.Config):
-    """The sampling engine: the local engine's settings, or a server's address."""
+    """The sampling engine: shared and local settings (flat), the servers' (`http`)."""
 
     kind: EngineKind = EngineKind.LOCAL
     """`local`: start vLLM in this process. `http`: use the `vllm serve` server at
     `engine.http.base_url` (or the pool of servers `engine.http.base_urls`), started on the
     run's `model` with `VLLM_SERVER_DEV_MODE=1` (see docs/scale.md). With `http` the only
-    flat keys that apply are `dtype` and
-    `logprobs_mode` (what the server must use, checked on connect), the two `allow_*` keys,
-    `weight_transfer` and `transfer_address`, and `weights_dir` (required with the `file`
-    transfer: a folder the server reads at the same path); the others are refused."""
-    http: ServerAddress = field(default_factory=ServerAddress)
+    flat keys that apply are the ones every engine shares (`HTTP_KEYS`; `weights_dir` is
+    required with the `file` transfer: a folder the server reads at the same path); the
+    local engine's are refused."""
+    http: ServerSection = field(default_factory=ServerSection)
     """The server (only with `kind: http`)."""
 
     def validate(self) -> None:
         """Refuse settings of the kind not chosen, then check the chosen kind's."""
         super().validate()
         if self.kind is EngineKind.LOCAL:
-            given = _changed(self.http, ServerAddress())
+            given = _changed(self.http, ServerSection())
             if given:
                 raise ConfigError(
                     f"engine.http.{given[0]} is set but engine.kind is local: set "
@@ -103,6 +123,7 @@ class EngineConfig(VLLMLocalEngine.Config):
                 f"engine.http.routing={self.http.routing.value!r} picks among the servers of a "
                 "pool, but engine.http.base_urls is not set: give the servers, or drop the setting"
             )
+        self.http.validate()
         if len(set(self.http.base_urls)) != len(self.http.base_urls):
             raise ConfigError(f"engine.http.base_urls lists a server twice: {self.http.base_urls}")
         if self.weights_dir is None and not self.weight_transfer.by_vllm_engine:
@@ -121,25 +142,14 @@ class EngineConfig(VLLMLocalEngine.Config):
         return list(self.http.base_urls) or [self.http.base_url]
 
     def http_config(self, base_url: str | None = None) -> VLLMHttpEngine.Config:
-        """One server's engine config: `http`'s address plus the shared flat keys.
+        """One server's engine config: its connection and the shared settings.
 
         Args:
             base_url: which server (default: `http.base_url`, the only one).
         """
-        address = {f.name: getattr(self.http, f.name) for f in dataclasses.fields(ServerAddress)}
-        address["base_url"] = base_url if base_url is not None else self.http.base_url
-        address["base_urls"] = []
-        address["routing"] = Routing.STICKY
-        return VLLMHttpEngine.Config(
-            **address,
-            dtype=self.dtype,
-            logprobs_mode=self.logprobs_mode,
-            allow_other_logprobs_mode=self.allow_other_logprobs_mode,
-            allow_truncated_sampling=self.allow_truncated_sampling,
-            weights_dir=self.weights_dir,
-            weight_transfer=self.weight_transfer,
-            transfer_address=self.transfer_address,
-        )
+        connection = self.http.connection()
+        connection["base_url"] = base_url if base_url is not None else self.http.base_url
+        return VLLMHttpEngine.Config(**connection, **self.sampler_settings())  # type: ignore[arg-type]
 
 
 _LOCAL_DEFAULTS = VLLMLocalEngine.Config(model_path="")

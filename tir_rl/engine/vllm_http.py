@@ -38,7 +38,7 @@ import logging
 import math
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,11 +52,10 @@ from tir_rl.engine.base import (
     check_truncated_sampling,
     truncate_at_stop_sequence,
 )
-from tir_rl.engine.pool import HangCheck, Routing
+from tir_rl.engine.sampler_settings import SamplerSettings
 from tir_rl.engine.server_guard import SERVER_GUARD, WEIGHTS_DIGEST_HEADER
 from tir_rl.engine.transfer import (
     TransferRound,
-    WeightTransfer,
     send_to_engine,
     transfer_group_for,
 )
@@ -78,20 +77,11 @@ _PROBE_TEMPERATURE = 0.5
 
 
 @dataclass(frozen=True, kw_only=True)
-class ServerAddress:
-    """Where a `vllm serve` server is and how to talk to it."""
+class ServerConnection:
+    """Where one `vllm serve` server is and how to talk to it."""
 
     base_url: str = ""
     """Server root, e.g. `http://127.0.0.1:8000` (no `/v1`)."""
-    base_urls: list[str] = field(default_factory=list)
-    """Several servers of the same model, used as one pool (`tir_rl.engine.pool`, a run
-    config only): an episode stays on one server, a new episode goes to the least-loaded
-    one, and a server that goes away is left while the run goes on. Give this or
-    `base_url`, not both."""
-    routing: Routing = Routing.STICKY
-    """How a pool picks a server: `sticky` (an episode stays on its server, for its prefix
-    cache; a new one goes to the least-loaded server), or, as controls for measuring what
-    that buys, `least_loaded` or `random` (episodes ignored). Only with `base_urls`."""
     served_model_name: str | None = None
     """The server's `--served-model-name`; None accepts the server's only model."""
     api_key_file: str | None = None
@@ -110,64 +100,35 @@ class ServerAddress:
     """First retry delay; doubles on every further retry."""
     max_connections: int = 512
     """Concurrent HTTP connections (one per request in flight)."""
-    hang_check_s: float = 30.0
-    """A pool's request or weight load that has waited this long asks its server's `/health`;
-    a server that does not answer within `health_timeout_s` is hung (stopped, swapped out,
-    wedged): it leaves the pool and its requests go to another server. 0: never ask (a hung
-    server then holds its requests for `timeout_s`). Only with `base_urls`."""
-    health_timeout_s: float = 10.0
-    """How long a pool waits for a server's `/health` when it asks whether it is hung."""
+
+    def connection(self) -> dict[str, object]:
+        """These settings by name, to build another config that shares them."""
+        return {name: getattr(self, name) for name in ServerConnection.__dataclass_fields__}
+
+    def validate_connection(self) -> None:
+        """Raise `ConfigError` for an address or retry setting that cannot work."""
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"engine.http.base_url must start with http(s)://: {self.base_url}")
+        if self.max_retries < 0 or self.backoff_s < 0:
+            raise ConfigError("engine.http.max_retries and engine.http.backoff_s must be >= 0")
+        if self.api_key is not None and self.api_key_file is not None:
+            raise ConfigError(
+                "engine.http.api_key and engine.http.api_key_file are both set: give the "
+                "servers' key one way (api_key_file keeps it out of the run's config.yaml)"
+            )
 
 
 class VLLMHttpEngine:
     """Client of a vLLM OpenAI-compatible server (`vllm serve`)."""
 
     @dataclass(frozen=True, kw_only=True)
-    class Config(ServerAddress):
-        """The server's address and what it must serve."""
-
-        dtype: str | None = None
-        """Expected compute dtype (e.g. `float32`); checked when the server exposes it."""
-        logprobs_mode: str = PROCESSED_LOGPROBS
-        """Logprobs mode the server must use."""
-        allow_other_logprobs_mode: bool = False
-        """Accept a server whose logprobs mode is not `processed_logprobs`."""
-        allow_truncated_sampling: bool = False
-        """Accept top-p / top-k requests (only with a correction configured for them)."""
-        weights_dir: str | None = None
-        """Folder shared with the server (same path on both sides) for `update_weights`
-        with `weight_transfer: file`."""
-        weight_transfer: WeightTransfer = WeightTransfer.FILE
-        """How weights reach the server (`tir_rl.engine.transfer`); `nccl`/`gloo` need the
-        server started with `--weight-transfer-config '{"backend": "nccl"}'` (or gloo)."""
-        transfer_address: str = "127.0.0.1"
-        """This machine's address as the server reaches it (the transfer group's rendezvous)."""
+    class Config(SamplerSettings, ServerConnection):
+        """One server's address and what it must serve (`SamplerSettings`)."""
 
         def validate(self) -> None:
             """Raise `ConfigError` for unusable values."""
-            if self.base_urls or self.routing is not Routing.STICKY:
-                raise ConfigError(
-                    "VLLMHttpEngine talks to one server (base_url); several servers "
-                    f"({self.base_urls}) are a pool: tir_rl.engine.pool.EnginePool, which a "
-                    "run builds from engine.http.base_urls"
-                )
-            if not self.base_url.startswith(("http://", "https://")):
-                raise ConfigError(
-                    f"engine.http.base_url must start with http(s)://: {self.base_url}"
-                )
-            if self.logprobs_mode != PROCESSED_LOGPROBS and not self.allow_other_logprobs_mode:
-                raise ConfigError(
-                    f"engine.logprobs_mode={self.logprobs_mode!r}: use 'processed_logprobs' "
-                    "or set allow_other_logprobs_mode=True"
-                )
-            if self.max_retries < 0 or self.backoff_s < 0:
-                raise ConfigError("engine.http.max_retries and engine.http.backoff_s must be >= 0")
-            HangCheck(self.hang_check_s, self.health_timeout_s).validate()
-            if self.api_key is not None and self.api_key_file is not None:
-                raise ConfigError(
-                    "engine.http.api_key and engine.http.api_key_file are both set: give the "
-                    "servers' key one way (api_key_file keeps it out of the run's config.yaml)"
-                )
+            self.validate_connection()
+            self.check_logprobs_mode()
 
     def __init__(self, config: Config) -> None:
         config.validate()
@@ -225,7 +186,7 @@ class VLLMHttpEngine:
                 f"{c.base_url} returns {mode!r} logprobs, the config expects {c.logprobs_mode!r}: "
                 f"restart the server with --logprobs-mode {c.logprobs_mode}"
             )
-        if c.dtype is not None and dtype not in ("unknown", c.dtype):
+        if dtype not in ("unknown", c.dtype):
             raise EngineError(
                 f"{c.base_url} computes in {dtype}, the config expects {c.dtype}: restart the "
                 f"server with --dtype {c.dtype}, or fix engine.dtype"
@@ -645,7 +606,7 @@ async def _make_client(config: VLLMHttpEngine.Config) -> httpx.AsyncClient:
     )
 
 
-def authorization_headers(address: ServerAddress) -> dict[str, str]:
+def authorization_headers(address: ServerConnection) -> dict[str, str]:
     """The `Authorization` header for `address`'s servers (none when no key is configured).
 
     Raises:
@@ -660,7 +621,7 @@ def authorization_headers(address: ServerAddress) -> dict[str, str]:
 
 
 def _http_error(
-    method: str, url: str, response: httpx.Response, address: ServerAddress
+    method: str, url: str, response: httpx.Response, address: ServerConnection
 ) -> EngineError:
     if response.status_code == 401:
         given = "the key it was given" if address.api_key or address.api_key_file else "no key"

@@ -40,7 +40,6 @@ from tir_rl import console
 from tir_rl.cpu_cores import format_cpu_list, parse_cpu_list
 from tir_rl.engine._loop import LoopThread
 from tir_rl.engine.base import (
-    PROCESSED_LOGPROBS,
     FinishReason,
     GenerateRequest,
     GenerateResult,
@@ -49,6 +48,7 @@ from tir_rl.engine.base import (
     check_truncated_sampling,
 )
 from tir_rl.engine.reaping import EngineGuard, reap_leftovers
+from tir_rl.engine.sampler_settings import SamplerSettings
 from tir_rl.engine.transfer import (
     TransferRound,
     WeightTransfer,
@@ -94,14 +94,12 @@ class VLLMLocalEngine:
     """In-process vLLM `AsyncLLM` (its engine core runs in a child process)."""
 
     @dataclass(frozen=True, kw_only=True)
-    class Config:
-        """Settings of the local vLLM engine; every value that affects parity is explicit."""
+    class Config(SamplerSettings):
+        """The local vLLM engine: `SamplerSettings` and its own; parity settings explicit."""
 
         model_path: str
         """Checkpoint folder, or `bundled` / `tiny` (see `tir_rl.models.resolve_model`). In a
         run config, leave it unset: it follows the top-level `model` (another value is refused)."""
-        dtype: str = "float32"
-        """Compute dtype. float32 on CPU (no native bf16 here: slow and mismatched)."""
         max_model_len: int = 2048
         """Longest context (prompt + completion) in tokens."""
         enforce_eager: bool = True
@@ -109,10 +107,6 @@ class VLLMLocalEngine:
         seed: int | None = None
         """Engine seed (per-request seeds come with each `GenerateRequest`). None: `run.seed`
         in a run config, 0 for an engine built alone."""
-        logprobs_mode: str = PROCESSED_LOGPROBS
-        """vLLM logprobs mode; anything but `processed_logprobs` needs the flag below."""
-        allow_other_logprobs_mode: bool = False
-        """Accept a logprobs mode other than `processed_logprobs` (e.g. for a debug run)."""
         enable_prefix_caching: bool | None = None
         """Reuse the KV blocks of prefixes already computed (a multi-turn episode's earlier
         turns, a group's shared prompt); the cache is dropped at every weight update
@@ -150,17 +144,6 @@ class VLLMLocalEngine:
         max_num_batched_tokens: int | None = None
         """Token budget of one engine step; None: vLLM's default. Prompts beyond it are
         prefilled in chunks."""
-        allow_truncated_sampling: bool = False
-        """Accept top-p / top-k requests (only with a correction configured for them)."""
-        weights_dir: str | None = None
-        """Folder for weight updates; None: a private folder in /dev/shm, removed on close."""
-        weight_transfer: WeightTransfer = WeightTransfer.FILE
-        """How the trainer's weights reach the engine (`tir_rl.engine.transfer`): `file` (a
-        folder it reloads), `nccl` or `ipc` (vLLM's transfer engines, CUDA; `ipc` when the
-        engine shares the trainer's GPU), or `gloo` (the NCCL protocol on CPUs)."""
-        transfer_address: str = "127.0.0.1"
-        """This machine's address as the engines reach it (the transfer group's
-        rendezvous for `nccl`/`gloo`; servers on other machines need a routable one)."""
         clear_kv_on_update: bool = True
         """On a weight update, drop every KV block: the prefix cache, and the context of the
         requests in flight, which is recomputed with the new weights. False keeps them, so
@@ -177,12 +160,7 @@ class VLLMLocalEngine:
 
         def validate(self) -> None:
             """Raise `ConfigError` for values vLLM would reject or tir-rl cannot use."""
-            if self.logprobs_mode != PROCESSED_LOGPROBS and not self.allow_other_logprobs_mode:
-                raise ConfigError(
-                    f"engine.logprobs_mode={self.logprobs_mode!r}: tir-rl compares sampler and "
-                    "trainer logprobs of the processed distribution (after temperature). Use "
-                    "'processed_logprobs', or set allow_other_logprobs_mode=True knowingly."
-                )
+            self.check_logprobs_mode()
             if self.max_model_len < 2:
                 raise ConfigError(f"engine.max_model_len must be >= 2, got {self.max_model_len}")
             if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:

@@ -5,8 +5,9 @@ import dataclasses
 import pytest
 
 from tir_rl import config
-from tir_rl.engine.choice import HTTP_KEYS, EngineConfig, EngineKind
-from tir_rl.engine.vllm_http import ServerAddress, VLLMHttpEngine
+from tir_rl.engine.choice import HTTP_KEYS, EngineConfig, EngineKind, ServerSection
+from tir_rl.engine.sampler_settings import SamplerSettings
+from tir_rl.engine.vllm_http import ServerConnection, VLLMHttpEngine
 from tir_rl.engine.vllm_local import VLLMLocalEngine
 from tir_rl.errors import ConfigError
 from tir_rl.run_config import RunConfig
@@ -65,7 +66,7 @@ def test_every_local_only_key_is_refused_with_kind_http():
         engine = EngineConfig(
             **{**dataclasses.asdict(changed), "weights_dir": "/w"},
             kind=EngineKind.HTTP,
-            http=ServerAddress(base_url="http://h:1"),
+            http=ServerSection(base_url="http://h:1"),
         )
         with pytest.raises(ConfigError, match=f"engine.{name} configures the local engine"):
             engine.validate()
@@ -127,7 +128,7 @@ def test_a_pool_gives_each_server_its_own_engine_config_with_the_shared_settings
     assert urls == ["http://127.0.0.1:8000", "http://127.0.0.1:8001"]
     configs = [cfg.engine.http_config(url) for url in urls]
     assert [c.base_url for c in configs] == urls
-    assert all(c.base_urls == [] and c.max_retries == 1 for c in configs)
+    assert all(c.max_retries == 1 for c in configs)
     assert all(c.weights_dir == "/dev/shm/tir-rl-weights" for c in configs)
 
 
@@ -144,9 +145,28 @@ def test_pool_settings_that_cannot_work_are_refused(extra, message):
         config.load(RunConfig, None, [*POOL, *extra])
 
 
-def test_a_single_server_engine_refuses_a_list_of_servers():
-    with pytest.raises(ConfigError, match="are a pool"):
-        VLLMHttpEngine.Config(base_urls=["http://a:1", "http://b:1"]).validate()
+def test_a_single_servers_config_has_no_pool_keys():
+    pool_keys = {"base_urls", "routing", "hang_check_s", "health_timeout_s"}
+    assert pool_keys <= set(ServerSection.__dataclass_fields__)
+    assert pool_keys.isdisjoint(VLLMHttpEngine.Config.__dataclass_fields__)
+
+
+def test_every_engine_key_is_defined_once():
+    """Each key is declared in one class's body; the others inherit it (issue 50)."""
+    sections = [
+        SamplerSettings,
+        VLLMLocalEngine.Config,
+        ServerConnection,
+        VLLMHttpEngine.Config,
+        ServerSection,
+        EngineConfig,
+    ]
+    declared = [name for cls in sections for name in cls.__dict__.get("__annotations__", {})]
+    assert sorted(name for name in set(declared) if declared.count(name) > 1) == []
+    assert set(SamplerSettings.__dataclass_fields__) <= set(
+        VLLMHttpEngine.Config.__dataclass_fields__
+    )
+    assert set(SamplerSettings.__dataclass_fields__) <= set(EngineConfig.__dataclass_fields__)
 
 
 def test_a_routing_control_needs_a_pool():
@@ -155,4 +175,3 @@ def test_a_routing_control_needs_a_pool():
         config.load(RunConfig, None, single)
     cfg = config.load(RunConfig, None, [*POOL, "engine.http.routing=least_loaded"])
     assert cfg.engine.http.routing.value == "least_loaded"
-    assert cfg.engine.http_config(cfg.engine.server_urls()[0]).routing.value == "sticky"
