@@ -35,8 +35,6 @@ from typing import TYPE_CHECKING
 
 from tir_rl import distributed as tdist
 from tir_rl.engine import parity
-from tir_rl.engine.pool import pool_of
-from tir_rl.errors import EngineError, EngineUnavailableError, ParityError
 from tir_rl.mismatch.injection import MismatchInjection
 
 if TYPE_CHECKING:
@@ -111,8 +109,8 @@ class WeightSync:
     ) -> parity.ParityReport:
         """Rank 0: load the prepared weights into the engine, then run the parity probe.
 
-        A pool's members are probed one by one (the report is the worst); one that cannot
-        be reached leaves the pool.
+        Every copy of the weights the engine holds is probed (`Engine.check_each_copy`: a
+        pool's servers one by one); the report is the worst.
 
         The update lands in flight (`Engine.update_weights`): the engine's later tokens carry
         policy version `version`.
@@ -121,26 +119,9 @@ class WeightSync:
             ParityError: the gap exceeds the tolerance (never while injecting).
         """
         await engine.update_weights(prepared.state, version=version)
-        pool = pool_of(engine)
-        if pool is None:
-            return await self._probe(engine, prepared)
-        reports = []
-        for name, member in pool.engines_up():  # every server holds its own copy
-            if member.policy_version != version:  # all sample with one version, or none runs
-                raise EngineError(
-                    f"{name} labels its tokens with policy version {member.policy_version} "
-                    f"after the sync to version {version}: the pool's servers disagree"
-                )
-            try:
-                reports.append(await self._probe(member, prepared))
-            except EngineUnavailableError as exc:
-                pool.mark_down(name, f"its parity probe failed: {exc}")
-            except ParityError as exc:
-                raise ParityError(f"{name}: {exc}") from exc
-        if not reports:
-            raise EngineUnavailableError(
-                "every engine of the pool went away during the weight sync's parity probe"
-            )
+        reports = await engine.check_each_copy(
+            lambda copy: self._probe(copy, prepared), version=version
+        )
         return max(reports, key=lambda report: report.max_abs_diff)
 
     async def _probe(self, engine: Engine, prepared: PreparedSync) -> parity.ParityReport:

@@ -21,6 +21,7 @@ from tir_rl.engine.base import (
     GenerateRequest,
     GenerateResult,
     ModelInfo,
+    SingleEngine,
     truncate_at_stop_sequence,
 )
 from tir_rl.envs.answers import ANSWER_INSTRUCTIONS
@@ -67,7 +68,7 @@ class EventLog:
             return self.events.index(tuple(event))
 
 
-class FakeEngine:
+class FakeEngine(SingleEngine):
     """Scripted engine: replies keyed by (episode, turn); see the module docstring."""
 
     def __init__(

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from tir_rl.engine.base import ModelInfo
+from tir_rl.engine.base import ModelInfo, SingleEngine
 from tir_rl.engine.parity import transformers_logprobs
 from tir_rl.errors import ParityError
 from tir_rl.mismatch.injection import FINAL_NORM_KEY, MismatchInjection
@@ -47,7 +47,7 @@ class FakeTrainer:
         return state
 
 
-class RecordingEngine:
+class RecordingEngine(SingleEngine):
     """Keeps every state it is sent; scores the probe with `logprobs` (or the trainer's)."""
 
     def __init__(self, logprobs: list[float]) -> None:

@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tir_rl.engine.base import Engine, GenerateRequest, GenerateResult, ModelInfo
+from tir_rl.engine.base import (
+    Engine,
+    GenerateRequest,
+    GenerateResult,
+    ModelInfo,
+    R,
+    ServersHealth,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -91,6 +98,16 @@ class MeteredEngine:
     ) -> None:
         """The wrapped engine's."""
         await self.inner.update_weights(state_dict, version=version)
+
+    async def check_each_copy(
+        self, check: Callable[[Engine], Awaitable[R]], *, version: int
+    ) -> list[R]:
+        """The wrapped engine's."""
+        return await self.inner.check_each_copy(check, version=version)
+
+    def servers_health(self) -> ServersHealth | None:
+        """The wrapped engine's."""
+        return self.inner.servers_health()
 
     def close(self) -> None:
         """The wrapped engine's."""

@@ -11,10 +11,10 @@ each sampled token, the quantity the trainer recomputes (see DESIGN.md).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 from tir_rl.errors import ConfigError
 
@@ -133,6 +133,19 @@ class ModelInfo:
     """Whether the engine reuses KV blocks across requests (None: unknown)."""
 
 
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class ServersHealth:
+    """How an engine made of several servers is doing, as the run's metrics report it."""
+
+    servers_up: int
+    """Servers still sampling."""
+    failovers: int
+    """Requests sent again to another server after theirs became unreachable."""
+
+
 @runtime_checkable
 class Engine(Protocol):
     """A sampling engine. Coroutines may be awaited from any event loop."""
@@ -166,9 +179,42 @@ class Engine(Protocol):
         """
         ...
 
+    async def check_each_copy(
+        self, check: Callable[[Engine], Awaitable[R]], *, version: int
+    ) -> list[R]:
+        """Run `check` on every engine holding its own copy of the weights of `version`.
+
+        One engine checks itself. An engine made of several servers checks each one up,
+        refuses servers whose weights are not `version` (`EngineError`), and drops a server
+        that cannot be reached (`EngineUnavailableError` when none is left); a
+        `ParityError` names the server. The caller never learns how many servers there are.
+        """
+        ...
+
+    def servers_health(self) -> ServersHealth | None:
+        """Servers up and failovers of an engine made of several servers; None for one."""
+        ...
+
     def close(self) -> None:
         """Release the engine (idempotent)."""
         ...
+
+
+class SingleEngine:
+    """The `Engine` methods of an engine that is one copy of the weights, not several servers.
+
+    A base class for engines and test fakes; `Engine` itself stays a protocol.
+    """
+
+    async def check_each_copy(
+        self, check: Callable[[Engine], Awaitable[R]], *, version: int
+    ) -> list[R]:
+        """One engine, one copy of the weights: `check` runs on it."""
+        return [await check(self)]  # type: ignore[arg-type]  # a subclass is an Engine
+
+    def servers_health(self) -> ServersHealth | None:
+        """None: one engine, not several servers."""
+        return None
 
 
 @dataclass

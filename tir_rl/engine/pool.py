@@ -44,12 +44,19 @@ import logging
 import random
 import threading
 from collections import OrderedDict
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
-from tir_rl.engine.base import Engine, GenerateRequest, GenerateResult, ModelInfo
+from tir_rl.engine.base import (
+    Engine,
+    GenerateRequest,
+    GenerateResult,
+    ModelInfo,
+    R,
+    ServersHealth,
+)
 from tir_rl.engine.transfer import (
     TransferError,
     TransferGroup,
@@ -59,7 +66,7 @@ from tir_rl.engine.transfer import (
     transfer_group_for,
 )
 from tir_rl.engine.weights_io import PublishedWeights, publish_state_dict
-from tir_rl.errors import ConfigError, EngineError, EngineUnavailableError
+from tir_rl.errors import ConfigError, EngineError, EngineUnavailableError, ParityError
 
 if TYPE_CHECKING:
     import torch
@@ -394,6 +401,41 @@ class EnginePool:
         """(name, engine) of each member that is up (the parity probe checks each)."""
         return [(m.name, m.engine) for m in self.members_up()]
 
+    async def check_each_copy(
+        self, check: Callable[[Engine], Awaitable[R]], *, version: int
+    ) -> list[R]:
+        """`check` on every server up, each holding its own copy of the weights of `version`.
+
+        Raises:
+            EngineError: a server's weights are not `version` (the servers disagree).
+            EngineUnavailableError: every server went away during the checks (one that
+                cannot be reached leaves the pool; the others are still checked).
+            ParityError: a server's check found a gap (the message names the server).
+        """
+        results = []
+        for name, member in self.engines_up():
+            if member.policy_version != version:  # all sample with one version, or none runs
+                raise EngineError(
+                    f"{name} labels its tokens with policy version {member.policy_version} "
+                    f"after the sync to version {version}: the pool's servers disagree"
+                )
+            try:
+                results.append(await check(member))
+            except EngineUnavailableError as exc:
+                self.mark_down(name, f"its check after the weight sync failed: {exc}")
+            except ParityError as exc:
+                raise ParityError(f"{name}: {exc}") from exc
+        if not results:
+            raise EngineUnavailableError(
+                "every engine of the pool went away during the checks after the weight sync"
+            )
+        return results
+
+    def servers_health(self) -> ServersHealth:
+        """Servers up and failovers so far."""
+        stats = self.stats()
+        return ServersHealth(servers_up=stats.members_up, failovers=stats.failovers)
+
     def stats(self) -> PoolStats:
         """Members up, failovers and requests per member so far."""
         with self._lock:
@@ -498,11 +540,3 @@ def _check_same_model(first: _Member, name: str, info: ModelInfo) -> None:
                 f"has {field_name}={a!r}, {name} has {b!r}. Start every server with the same "
                 "flags (tir_rl.engine.vllm_http.serve_command prints them)."
             )
-
-
-def pool_of(engine: Engine) -> EnginePool | None:
-    """The pool behind `engine` (itself, or inside the run's `MeteredEngine`), if any."""
-    from tir_rl.engine.activity import MeteredEngine
-
-    inner = engine.inner if isinstance(engine, MeteredEngine) else engine
-    return inner if isinstance(inner, EnginePool) else None

@@ -49,6 +49,7 @@ from tir_rl.engine.base import (
     GenerateRequest,
     GenerateResult,
     ModelInfo,
+    SingleEngine,
     check_truncated_sampling,
     truncate_at_stop_sequence,
 )
@@ -118,7 +119,7 @@ class ServerConnection:
             )
 
 
-class VLLMHttpEngine:
+class VLLMHttpEngine(SingleEngine):
     """Client of a vLLM OpenAI-compatible server (`vllm serve`)."""
 
     @dataclass(frozen=True, kw_only=True)

@@ -44,6 +44,7 @@ from tir_rl.engine.base import (
     GenerateRequest,
     GenerateResult,
     ModelInfo,
+    SingleEngine,
     StopSequenceMatcher,
     check_truncated_sampling,
 )
@@ -90,7 +91,7 @@ def engine_error_from(exc: BaseException, what: str) -> EngineError:
     return EngineError(f"{what}: vLLM failed: {type(cause).__name__}: {cause}")
 
 
-class VLLMLocalEngine:
+class VLLMLocalEngine(SingleEngine):
     """In-process vLLM `AsyncLLM` (its engine core runs in a child process)."""
 
     @dataclass(frozen=True, kw_only=True)

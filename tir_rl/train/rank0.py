@@ -11,7 +11,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tir_rl.engine.pool import pool_of
 from tir_rl.errors import ConfigError
 from tir_rl.mismatch.staleness import mismatch_by_lag, staleness_metrics, token_lags
 from tir_rl.report.sequences import (
@@ -241,11 +240,10 @@ class Rank0Driver:
         if batch is not None and logprobs is not None:
             lags = token_lags(batch.policy_versions, trained_version)
             row.update(mismatch_by_lag(logprobs, batch.sampler_logprobs, batch.loss_mask, lags))
-        pool = pool_of(self.engine)
-        if pool is not None:
-            stats = pool.stats()
-            row["engine/servers_up"] = float(stats.members_up)
-            row["engine/failovers_total"] = float(stats.failovers)
+        health = self.engine.servers_health()
+        if health is not None:
+            row["engine/servers_up"] = float(health.servers_up)
+            row["engine/failovers_total"] = float(health.failovers)
         steps_done = step + 1
         self.metrics.log(steps_done, row)
         cfg = self.config.run

@@ -13,7 +13,13 @@ import json
 import pytest
 import torch
 
-from tir_rl.engine.base import FinishReason, GenerateRequest, GenerateResult, ModelInfo
+from tir_rl.engine.base import (
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    ModelInfo,
+    SingleEngine,
+)
 from tir_rl.engine.pool import EnginePool, HangCheck, Routing
 from tir_rl.engine.weights_io import (
     READY_MARKER,
@@ -29,7 +35,7 @@ INFO = ModelInfo(
 )
 
 
-class FakeMember:
+class FakeMember(SingleEngine):
     """A fake engine: answers with its index; can be down, reject, or hold requests."""
 
     def __init__(self, index: int, info: ModelInfo = INFO) -> None:
