@@ -58,8 +58,8 @@ def run_one(
     """Train once and return the run's record."""
     from tir_rl.config import load
     from tir_rl.report.run_log import load_trajectories, read_metrics
+    from tir_rl.rl_loop import run_train
     from tir_rl.run_config import RunConfig
-    from tir_rl.train import run_train
 
     out = Path(tempfile.mkdtemp(prefix="tir-rl-async-bench-"))
     overrides = [
@@ -127,7 +127,7 @@ def run_one(
 def _episode_times(into: list[float]) -> Iterator[None]:
     """Collect every trained step's episode durations (degenerate groups included, which
     the saved trajectories leave out)."""
-    from tir_rl.train import rank0
+    from tir_rl.rl_loop import rank0
 
     take_step = rank0.Rank0Driver.take_step
 
@@ -154,8 +154,8 @@ def _held_out_scores(run_dir: Path) -> dict[int, list[float]]:
 def run_config_as_is(name: str, seed: int) -> dict:
     """`configs/<name>.yaml` unchanged but for the seed: its held-out change, paired."""
     from tir_rl.config import load
+    from tir_rl.rl_loop import run_train
     from tir_rl.run_config import RunConfig
-    from tir_rl.train import run_train
 
     out = Path(tempfile.mkdtemp(prefix="tir-rl-async-bench-"))
     overrides = [f"run.out_dir={out}", f"run.seed={seed}", f"trainer.seed={seed}",

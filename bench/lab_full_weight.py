@@ -216,7 +216,7 @@ def weights() -> str:
     """Size and sparsity of every weight of the default lab model (built in seconds)."""
     from safetensors.torch import load_file
 
-    from tir_rl.lab_model import LabModelSpec
+    from tir_rl.lab.model import LabModelSpec
     from tir_rl.models import prepare_lab_model
 
     lines = ["| weight | shape | max abs | rms | nonzero |", "|---|---|---|---|---|"]

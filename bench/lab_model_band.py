@@ -26,7 +26,7 @@ BAND = (0.2, 0.8)
 def main() -> None:
     from tir_rl.config import load
     from tir_rl.evaluate import run_eval
-    from tir_rl.lab_model import LabModelSpec
+    from tir_rl.lab.model import LabModelSpec
     from tir_rl.models import prepare_lab_model
     from tir_rl.run_config import RunConfig
 

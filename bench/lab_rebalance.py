@@ -64,7 +64,7 @@ def main() -> None:  # noqa: D103
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM
 
-    from tir_rl.lab_model import LabModelSpec
+    from tir_rl.lab.model import LabModelSpec
     from tir_rl.models import prepare_lab_model
 
     with tempfile.TemporaryDirectory() as tmp:

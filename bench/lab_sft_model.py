@@ -72,8 +72,8 @@ def build_tokenizer(out: Path):
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     import tir_rl.envs.multihop as mh
+    from tir_rl.lab.sft import play_demonstration
     from tir_rl.models import resolve_model
-    from tir_rl.sft import play_demonstration
 
     bundled = AutoTokenizer.from_pretrained(resolve_model("lab"))
     corpus = []
@@ -112,7 +112,7 @@ def main() -> None:
     from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
     import tir_rl.envs.multihop as mh
-    from tir_rl.sft import play_turns, shared_prefix_length
+    from tir_rl.lab.sft import play_turns, shared_prefix_length
     from tir_rl.types import Message
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -50,12 +50,12 @@ def main() -> None:
         pin_to_core(args.core)
 
     from tir_rl.config import load
-    from tir_rl.lab_model import LabModelSpec
+    from tir_rl.lab.model import LabModelSpec
     from tir_rl.models import prepare_lab_model
     from tir_rl.report.eval_stats import describe_change
     from tir_rl.report.run_log import read_metrics
+    from tir_rl.rl_loop import run_train
     from tir_rl.run_config import RunConfig
-    from tir_rl.train import run_train
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)

@@ -37,7 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 TRL_PYTHON = REPO / ".venv-trl" / "bin" / "python"
 TRL_SCRIPT = REPO / "bench" / "peer" / "trl_grpo.py"
-SEED_STRIDE = 1_000_003  # tir_rl/train/rank0.py: task seeds of step s are seed*STRIDE + s*B + i
+SEED_STRIDE = 1_000_003  # tir_rl/rl_loop/rank0.py: task seeds of step s are seed*STRIDE + s*B + i
 ENV_ID = "tir_rl/MultiHop-v0"
 TIR_MISMATCH_KEYS = (
     "mismatch/k3_kl",
@@ -129,8 +129,8 @@ def dump_tasks(shape: Shape, path: Path) -> int:
 
 def run_tir_rl(shape: Shape, out_dir: Path) -> Result:
     """tir-rl's own loop (`run_train`) on the shape; numbers from its metrics.jsonl."""
+    from tir_rl.rl_loop import run_train
     from tir_rl.run_config import EnvSection, RunConfig, RunSection
-    from tir_rl.train import run_train
 
     config = RunConfig(model="bundled")
     config.run = RunSection(

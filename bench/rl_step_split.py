@@ -56,8 +56,8 @@ class StepSplit:
 def measure(model: str, extra: list[str], args: argparse.Namespace, out: Path) -> StepSplit:
     from tir_rl.config import load
     from tir_rl.report.run_log import read_metrics
+    from tir_rl.rl_loop import run_train
     from tir_rl.run_config import RunConfig
-    from tir_rl.train import run_train
 
     config = load(
         RunConfig,

@@ -176,7 +176,7 @@ class ToolEnv(gymnasium.Env[list[Message], Message]):
 
         One assistant `Message` per turn: tool calls as `tool_calls` (the chat format writes
         them as the model would), the last turn's content with the ``<answer>`` tag. Played
-        through ``step`` they must earn the full reward. See `tir_rl.sft`.
+        through ``step`` they must earn the full reward. See `tir_rl.lab.sft`.
 
         Raises:
             NotImplementedError: The environment has no oracle (the default).

@@ -96,8 +96,8 @@ def _nodes(args: argparse.Namespace) -> Nodes | None:
 def _cmd_train(args: argparse.Namespace) -> int:
     from tir_rl.config import load
     from tir_rl.report.eval_stats import describe_change
+    from tir_rl.rl_loop import load_resume_config, run_train
     from tir_rl.run_config import RunConfig
-    from tir_rl.train import load_resume_config, run_train
 
     if args.resume:
         config = load_resume_config(args.resume, args.set)
@@ -107,7 +107,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise TirError("give --config FILE (e.g. configs/quickstart.yaml) or --resume RUN_DIR")
     nodes = _nodes(args)
     if args.nproc_per_node > 1 or nodes is not None:
-        from tir_rl.train import exec_under_torchrun
+        from tir_rl.rl_loop import exec_under_torchrun
 
         if config.trainer.lora.enabled:  # refused now, not after torchrun has started
             raise ConfigError(
@@ -284,7 +284,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
-    from tir_rl.sft import load_sft_config, run_sft
+    from tir_rl.lab.sft import load_sft_config, run_sft
 
     config = load_sft_config(args.config, args.set)
     _route_library_output(args, _command_log("sft"))
@@ -333,7 +333,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
     if name == "tiny":
         path = models.prepare_tiny_model()
     elif name == "lab":
-        from tir_rl.lab_model import LabModelSpec
+        from tir_rl.lab.model import LabModelSpec
 
         path = models.prepare_lab_model(LabModelSpec(**given))
     elif name == models.LAB_SFT_MODEL_NAME:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from tir_rl.engine.choice import EngineKind
+from tir_rl.engine.engine_config import EngineKind
 from tir_rl.engine.reaping import EngineProcess, reap_leftovers
 from tir_rl.run_config import RunConfig
 from tir_rl.types import Trajectory

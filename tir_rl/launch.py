@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from tir_rl.config import to_dict
-from tir_rl.engine.choice import HTTP_KEYS, EngineKind
+from tir_rl.engine.engine_config import HTTP_KEYS, EngineKind
 from tir_rl.engine.vllm_http import serve_command
 from tir_rl.errors import ConfigError, EngineError
 from tir_rl.run_config import RunConfig
@@ -79,7 +79,7 @@ def trainer_config(config: RunConfig) -> dict[str, Any]:
 
     The local engine's keys (context length, KV cache, prefix caching, ...) are the
     servers' command-line flags now; the trainer gets the keys it checks against the
-    servers (`engine.choice.HTTP_KEYS`). The pool's addresses, its weights folder and
+    servers (`engine.engine_config.HTTP_KEYS`). The pool's addresses, its weights folder and
     `engine.kind: http` are given with `--set` (they differ between launches).
     """
     if config.engine.kind is not EngineKind.LOCAL:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from tir_rl.errors import ModelError
 
 if TYPE_CHECKING:
-    from tir_rl.lab_model import LabModelSpec
+    from tir_rl.lab.model import LabModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -155,10 +155,10 @@ def prepare_lab_model(spec: LabModelSpec | None = None, dest: Path | None = None
     """Build (once) the lab model: MultiHop's policy written into a small Llama.
 
     Args:
-        spec: its seed and logit scale (`tir_rl.lab_model.LabModelSpec`).
+        spec: its seed and logit scale (`tir_rl.lab.model.LabModelSpec`).
         dest: target folder; defaults to a folder named after `spec` in `models_dir()`.
     """
-    from tir_rl.lab_model import BUILD_STAGES, LabModelSpec, build_lab_model
+    from tir_rl.lab.model import BUILD_STAGES, LabModelSpec, build_lab_model
 
     spec = spec or LabModelSpec()
     spec.validate()
@@ -181,7 +181,7 @@ def prepare_lab_model(spec: LabModelSpec | None = None, dest: Path | None = None
 
         model = build_lab_model(tokenizer, spec, on_stage=on_stage)
         on_stage("save")
-        _save_atomically(dest, model, tokenizer, source=f"tir_rl.lab_model {spec}")
+        _save_atomically(dest, model, tokenizer, source=f"tir_rl.lab.model {spec}")
         bar.update(1)
     return dest
 

@@ -21,7 +21,7 @@ from typing import Any
 from tir_rl.chat import ChatFormat
 from tir_rl.config.reference import reference
 from tir_rl.engine.base import PROCESSED_LOGPROBS
-from tir_rl.engine.choice import EngineConfig, EngineKind
+from tir_rl.engine.engine_config import EngineConfig, EngineKind
 from tir_rl.errors import ConfigError
 from tir_rl.mismatch import MismatchCorrection
 from tir_rl.mismatch.correction import BypassMode

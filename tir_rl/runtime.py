@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tir_rl.engine.activity import MeteredEngine
+from tir_rl.engine.metered import MeteredEngine
 from tir_rl.errors import ConfigError
 from tir_rl.run_config import EnvSection, RunConfig
 from tir_rl.types import Trajectory
@@ -107,7 +107,7 @@ def open_runtime(config: RunConfig) -> Iterator[Runtime]:
     from transformers import AutoTokenizer
 
     from tir_rl import sandbox
-    from tir_rl.engine.choice import build_engine
+    from tir_rl.engine.engine_config import build_engine
     from tir_rl.models import resolve_model
     from tir_rl.rollout import Rollout
 

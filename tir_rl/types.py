@@ -129,7 +129,7 @@ class RolloutStatus(StrEnum):
     ERROR_ENGINE = "error_engine"
     ERROR_SANDBOX = "error_sandbox"
     ERROR_AGENT = "error_agent"
-    """A harness agent (`tir_rl.rollout.harness`) raised instead of returning a reward."""
+    """A harness agent (`tir_rl.rollout.agent_episode`) raised instead of returning a reward."""
 
     @property
     def is_error(self) -> bool:
@@ -185,7 +185,7 @@ class Trajectory:
     engine recorded them (trajectories built by hand, or saved before versions existed)."""
     episode_id: int | None = None
     """Set when an episode gave several samples (a harness agent whose history was not
-    append-only, `tir_rl.endpoint.samples`): its samples share it and the episode's reward,
+    append-only, `tir_rl.endpoint.call_samples`): its samples share it and the episode's reward,
     and GRPO counts the episode once in its group. None: the trajectory is the episode."""
 
     def __post_init__(self) -> None:

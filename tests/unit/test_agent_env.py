@@ -23,8 +23,8 @@ from tir_rl.errors import ConfigError
 from tir_rl.models import prepare_bundled_model
 from tir_rl.report.eval_stats import build_report
 from tir_rl.report.step_metrics import episode_row
+from tir_rl.rl_loop.step_plan import plan_step
 from tir_rl.rollout import EpisodeSpec, Rollout
-from tir_rl.train.step_plan import plan_step
 from tir_rl.trainer.loss import group_advantages
 from tir_rl.types import Role, RolloutStatus
 

@@ -60,7 +60,7 @@ def test_train_without_config_or_resume_says_what_to_give(capsys):
 
 
 def test_lora_on_several_ranks_is_refused_before_torchrun_starts(monkeypatch, capsys):
-    from tir_rl import train
+    from tir_rl import rl_loop as train
 
     def no_torchrun(*args, **kwargs):
         raise AssertionError("torchrun must not start")

@@ -19,7 +19,7 @@ SCRIPT = textwrap.dedent(
     from tir_rl import console
     if sys.argv[2] == "route":
         console.send_library_output_to(Path(sys.argv[1]))
-    logging.getLogger("tir_rl.train").info("step 1 done")
+    logging.getLogger("tir_rl.rl_loop").info("step 1 done")
     logging.getLogger("vllm.engine").info("Initializing a V1 LLM engine")
     logging.getLogger("vllm.engine").error("EngineCore died")
     logging.getLogger("transformers.modeling_utils").warning("weights not initialized")

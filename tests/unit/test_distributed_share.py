@@ -122,7 +122,7 @@ def test_even_split_is_contiguous_and_balanced(n, parts, sizes):
 
 
 def test_nproc_per_node_reruns_train_under_torchrun(monkeypatch):
-    from tir_rl.train import loop as train
+    from tir_rl.rl_loop import loop as train
 
     seen = []
 
@@ -144,7 +144,7 @@ def test_nproc_per_node_reruns_train_under_torchrun(monkeypatch):
 
 
 def test_nproc_per_node_refuses_to_nest_under_torchrun(monkeypatch):
-    from tir_rl import train
+    from tir_rl import rl_loop as train
     from tir_rl.errors import ConfigError
 
     monkeypatch.setenv("LOCAL_RANK", "0")

@@ -64,7 +64,7 @@ def test_a_reset_that_fails_from_the_config_is_refused(picky, tmp_path):
 
 def test_training_and_evaluation_refuse_it_before_any_engine_starts(picky, tmp_path, monkeypatch):
     from tir_rl.evaluate import run_eval
-    from tir_rl.train.loop import run_train
+    from tir_rl.rl_loop.loop import run_train
 
     def no_engine(config):
         raise AssertionError("an engine was started")

@@ -36,7 +36,8 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "console",
             "metric",
             "models",
-            "lab_model",
+            "lab",
+            "lab.model",
             "distributed",
         ),
     ),
@@ -56,10 +57,10 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "run_config",
             "runtime",
-            "train",
+            "rl_loop",
             "evaluate",
             "doctor",
-            "sft",
+            "lab.sft",
             "launch",
             "cli",
         ),
@@ -191,11 +192,11 @@ def test_cycle_finder_finds_a_cycle_and_only_it():
 
 
 def test_an_upward_import_is_reported(tmp_path):
-    source = "from tir_rl.chat import ChatFormat\n\ndef f():\n    from tir_rl import train\n"
+    source = "from tir_rl.chat import ChatFormat\n\ndef f():\n    from tir_rl import rl_loop\n"
     (tmp_path / "probe.py").write_text(source)
     modules = {**package_modules(), "tir_rl.envs.probe": tmp_path / "probe.py"}
     found = imports_of("tir_rl.envs.probe", tmp_path / "probe.py", modules)
-    assert found == {"tir_rl.chat", "tir_rl.train"}
+    assert found == {"tir_rl.chat", "tir_rl.rl_loop"}
     assert all(stage_of(m) > stage_of("tir_rl.envs.probe") for m in found)
 
 

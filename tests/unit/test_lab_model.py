@@ -10,7 +10,7 @@ import tir_rl.envs  # noqa: F401 (registers tir_rl/MultiHop-v0)
 from tir_rl.chat import ChatFormat
 from tir_rl.envs.episode import ResetInfo
 from tir_rl.errors import ConfigError
-from tir_rl.lab_model import BUILD_STAGES, LabModelSpec, build_lab_model
+from tir_rl.lab.model import BUILD_STAGES, LabModelSpec, build_lab_model
 from tir_rl.models import prepare_bundled_model
 
 

@@ -9,8 +9,8 @@ from transformers import AutoTokenizer
 
 from tir_rl.envs.multihop import MultiHopEnv
 from tir_rl.errors import ModelError
+from tir_rl.lab.sft import play_demonstration
 from tir_rl.models import LAB_SFT_MODEL_NAME, lab_sft_model, resolve_model
-from tir_rl.sft import play_demonstration
 
 
 def test_the_shipped_model_resolves_by_name_and_renders_multihop_exactly():

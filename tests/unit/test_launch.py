@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tir_rl.config import load
-from tir_rl.engine.choice import EngineKind
+from tir_rl.engine.engine_config import EngineKind
 from tir_rl.engine.server_guard import SERVER_GUARD
 from tir_rl.errors import ConfigError
 from tir_rl.launch import plan_local_launch, pool_overrides, slurm_script, trainer_config

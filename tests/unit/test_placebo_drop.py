@@ -5,8 +5,8 @@ import torch
 
 from tir_rl.config import load
 from tir_rl.errors import ConfigError
+from tir_rl.rl_loop.step_plan import PlaceboDrop, placebo_generator, plan_step
 from tir_rl.run_config import RunConfig
-from tir_rl.train.step_plan import PlaceboDrop, placebo_generator, plan_step
 from tir_rl.types import Trajectory
 
 

@@ -17,9 +17,7 @@ from tir_rl.engine.base import FinishReason, GenerateRequest, GenerateResult, Mo
 from tir_rl.envs.base import ToolEnv
 from tir_rl.envs.multihop import MultiHopEnv
 from tir_rl.errors import ConfigError, TirError
-from tir_rl.models import prepare_bundled_model, prepare_tiny_model
-from tir_rl.rollout import EpisodeSpec, Rollout
-from tir_rl.sft import (
+from tir_rl.lab.sft import (
     INFO_FILE,
     Demonstration,
     SFTInfo,
@@ -37,6 +35,8 @@ from tir_rl.sft import (
     sft_lr_factor,
     shared_prefix_length,
 )
+from tir_rl.models import prepare_bundled_model, prepare_tiny_model
+from tir_rl.rollout import EpisodeSpec, Rollout
 from tir_rl.types import Message, RolloutStatus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -306,7 +306,7 @@ def test_sft_info_reads_back_what_it_writes():
 
 
 def _cosine_with_warmup(step: int, warmup_steps: int, total_steps: int) -> float:
-    """SFT's schedule as sft.py wrote it before it called the trainer's `lr_factor`."""
+    """SFT's schedule as lab/sft.py wrote it before it called the trainer's `lr_factor`."""
     if step < warmup_steps:
         return (step + 1) / (warmup_steps + 1)
     span = max(total_steps - warmup_steps, 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tir_rl.errors import TirError
-from tir_rl.train.update import MAX_FAILED_STEPS, StepWork, Update
+from tir_rl.rl_loop.update import MAX_FAILED_STEPS, StepWork, Update
 from tir_rl.trainer import UpdateStatus
 
 

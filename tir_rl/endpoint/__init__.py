@@ -11,10 +11,10 @@ samples. See docs/bring_your_agent.md.
                         CallRecorder (per episode) ─► samples_from_calls ─► Trajectory
 """
 
+from tir_rl.endpoint.call_samples import samples_from_calls
 from tir_rl.endpoint.chat_endpoint import ChatEndpoint, EndpointConfig
 from tir_rl.endpoint.openai_chat import ChatRequest, RequestError, parse_chat_request
 from tir_rl.endpoint.recorder import CallRecorder, RecordedCall, UnknownEpisodeError
-from tir_rl.endpoint.samples import samples_from_calls
 from tir_rl.endpoint.server import EndpointServer, build_app
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 Every choice of every completion is kept as a `RecordedCall`: the prompt's token ids as the
 engine saw them, the sampled ids with their sampler logprobs and policy versions, the
-messages of the request and the assistant message returned. `tir_rl.endpoint.samples`
+messages of the request and the assistant message returned. `tir_rl.endpoint.call_samples`
 turns an episode's calls into training samples.
 """
 

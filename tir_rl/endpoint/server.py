@@ -11,7 +11,7 @@ Routes:
 - `GET /v1/models`, `GET /episodes/{id}/v1/models`: the served model.
 - `GET /episodes/{id}`: the calls recorded so far, in token ids.
 - `POST /episodes/{id}/finish` with `{"reward": r}` (optionally `"group_id"`): the
-  episode's training samples (`tir_rl.endpoint.samples`), after which the episode is
+  episode's training samples (`tir_rl.endpoint.call_samples`), after which the episode is
   forgotten. This is how a harness in another process (or another Python environment)
   hands its episodes to a trainer.
 - `GET /health`.
@@ -32,9 +32,9 @@ import threading
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from tir_rl.endpoint.call_samples import samples_from_calls
 from tir_rl.endpoint.openai_chat import RequestError
 from tir_rl.endpoint.recorder import UnknownEpisodeError
-from tir_rl.endpoint.samples import samples_from_calls
 from tir_rl.endpoint.streaming import completion_chunks, sse_events
 from tir_rl.errors import SetupError, TirError
 from tir_rl.run_secret import RunSecret, RunSecretMiddleware

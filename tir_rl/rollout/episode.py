@@ -291,7 +291,7 @@ class Episode:
         return _Ending(RolloutStatus.TRUNCATED_MAX_TURNS)
 
     async def _play_agent(self, info: Mapping[str, Any]) -> _Ending:
-        from tir_rl.rollout.harness import play_agent_episode
+        from tir_rl.rollout.agent_episode import play_agent_episode
 
         t0 = time.perf_counter()
         outcome = await play_agent_episode(

@@ -1,4 +1,4 @@
-"""The optimizer side of an update, shared by the RL trainer (`trainer.py`) and SFT (`sft.py`).
+"""The optimizer side of an update, shared by the RL trainer (`trainer.py`) and SFT (`lab/sft.py`).
 
 Seeding, AdamW over the trainable parameters, and clipping by the global gradient norm:
 one implementation, so the two pipelines cannot drift apart.

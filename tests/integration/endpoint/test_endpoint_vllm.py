@@ -25,8 +25,8 @@ from tir_rl.distributed import free_port
 from tir_rl.engine.parity import transformers_logprobs
 from tir_rl.models import prepare_tiny_model
 from tir_rl.report.run_log import load_trajectories, read_metrics
+from tir_rl.rl_loop import run_train
 from tir_rl.run_config import RunConfig
-from tir_rl.train import run_train
 
 openai = pytest.importorskip("openai")
 pytestmark = [pytest.mark.vllm, pytest.mark.model]

@@ -24,8 +24,8 @@ from transformers import AutoTokenizer
 from tir_rl.config import load
 from tir_rl.models import prepare_tiny_model
 from tir_rl.report.run_log import load_trajectories, read_metrics
+from tir_rl.rl_loop import run_train
 from tir_rl.run_config import RunConfig
-from tir_rl.train import run_train
 from tir_rl.types import RolloutStatus
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model, pytest.mark.slow]

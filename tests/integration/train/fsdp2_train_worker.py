@@ -27,7 +27,7 @@ from tir_rl import cli
 from tir_rl.engine import parity
 from tir_rl.envs.multihop import MultiHopEnv
 from tir_rl.errors import ParityError
-from tir_rl.train import rank0
+from tir_rl.rl_loop import rank0
 
 FAKE_ENV_ID = "tests/FakeParityRewardFsdp-v0"
 INJECTED_PARITY_MESSAGE = "injected parity failure for the test"

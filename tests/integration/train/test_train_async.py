@@ -17,9 +17,9 @@ from test_train_tiny import tiny_config
 from tir_rl.config import dump
 from tir_rl.engine.reaping import engine_processes, owner_id
 from tir_rl.report.run_log import load_trajectories, read_metrics
+from tir_rl.rl_loop import plan_step, run_train
+from tir_rl.rl_loop.rank0 import SEED_STRIDE
 from tir_rl.runtime import env_factory, open_runtime, task_specs
-from tir_rl.train import plan_step, run_train
-from tir_rl.train.rank0 import SEED_STRIDE
 from tir_rl.trainer import Trainer
 from tir_rl.trainer.checkpoint import latest_checkpoint
 from tir_rl.trainer.loss import GRPOLoss

@@ -16,8 +16,8 @@ from tir_rl.errors import EngineError
 from tir_rl.evaluate import resolve_checkpoint
 from tir_rl.models import prepare_tiny_model
 from tir_rl.report.run_log import load_trajectories, read_metrics
+from tir_rl.rl_loop import latest_checkpoint, run_train
 from tir_rl.runtime import open_runtime
-from tir_rl.train import latest_checkpoint, run_train
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model, pytest.mark.slow]
 

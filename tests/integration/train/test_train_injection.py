@@ -4,7 +4,7 @@ import pytest
 from test_train_tiny import tiny_config
 
 from tir_rl.report.run_log import read_metrics
-from tir_rl.train import run_train
+from tir_rl.rl_loop import run_train
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model, pytest.mark.slow]
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from tir_rl.config import load
-from tir_rl.lab_model import LabModelSpec
+from tir_rl.lab.model import LabModelSpec
 from tir_rl.models import prepare_lab_model
 from tir_rl.report.run_log import read_metrics
+from tir_rl.rl_loop import TrainSummary, run_train
 from tir_rl.run_config import RunConfig
-from tir_rl.train import TrainSummary, run_train
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model]
 

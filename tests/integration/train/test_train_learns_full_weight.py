@@ -16,8 +16,8 @@ import pytest
 
 from tir_rl.config import load
 from tir_rl.report.run_log import read_metrics
+from tir_rl.rl_loop import TrainSummary, run_train
 from tir_rl.run_config import RunConfig
-from tir_rl.train import TrainSummary, run_train
 
 pytestmark = [pytest.mark.vllm]
 

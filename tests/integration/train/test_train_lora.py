@@ -6,7 +6,7 @@ from test_train_tiny import tiny_config
 from tir_rl.evaluate import resolve_checkpoint, run_eval
 from tir_rl.models import prepare_tiny_model
 from tir_rl.report.run_log import read_metrics
-from tir_rl.train import load_resume_config, run_train
+from tir_rl.rl_loop import load_resume_config, run_train
 from tir_rl.trainer.checkpoint import ADAPTER_DIR, latest_checkpoint
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model, pytest.mark.slow]

@@ -14,8 +14,8 @@ from tir_rl.evaluate import resolve_checkpoint, run_eval
 from tir_rl.models import prepare_tiny_model
 from tir_rl.report.run_log import load_trajectories, read_metrics
 from tir_rl.report.sequences import SEQUENCES_FILE, read_sequences
+from tir_rl.rl_loop import load_resume_config, run_train
 from tir_rl.run_config import RunConfig
-from tir_rl.train import load_resume_config, run_train
 from tir_rl.trainer.checkpoint import latest_checkpoint
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model]

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from tir_rl import config
-from tir_rl.engine.choice import HTTP_KEYS, EngineConfig, EngineKind, ServerSection
+from tir_rl.engine.engine_config import HTTP_KEYS, EngineConfig, EngineKind, ServerSection
 from tir_rl.engine.sampler_settings import SamplerSettings
 from tir_rl.engine.vllm_http import ServerConnection, VLLMHttpEngine
 from tir_rl.engine.vllm_local import VLLMLocalEngine

@@ -1,6 +1,6 @@
 """The update every rank runs on its share of a step's batch.
 
-`StepWork` is what a rank gets from rank 0 (`tir_rl.train.step_plan` plans it); `Update` is
+`StepWork` is what a rank gets from rank 0 (`tir_rl.rl_loop.step_plan` plans it); `Update` is
 what every rank does with it: the trainer's step (recompute ℓ^old, measure and correct the
 mismatch, PPO-clip loss, AdamW), or a scoring pass when the batch carries no learning signal.
 """

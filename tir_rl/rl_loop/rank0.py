@@ -1,7 +1,7 @@
 """Rank 0's side of a run: the rollout producer and its buffer, evaluation, logging.
 
 Every method here runs on rank 0 only (the other ranks hold no runtime); the loop in
-`tir_rl.train.loop` calls them inside its rank coordination.
+`tir_rl.rl_loop.loop` calls them inside its rank coordination.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from tir_rl.report.sequences import (
     sequence_records,
 )
 from tir_rl.report.step_metrics import StepOutcome, episode_row, step_row
+from tir_rl.rl_loop.step_plan import PlaceboDrop, StepPlan, placebo_generator, plan_step
+from tir_rl.rl_loop.update import StepWork
 from tir_rl.rollout.buffer import AdmissionSchedule, GroupBuffer, TakenStep
 from tir_rl.rollout.producer import RolloutProducer
-from tir_rl.train.step_plan import PlaceboDrop, StepPlan, placebo_generator, plan_step
-from tir_rl.train.update import StepWork
 
 if TYPE_CHECKING:
-    from tir_rl.engine.activity import ActivityReading, MeteredEngine
+    from tir_rl.engine.metered import ActivityReading, MeteredEngine
     from tir_rl.report.eval_stats import EvalReport
     from tir_rl.report.metrics_logger import MetricsLogger
     from tir_rl.rollout import EpisodeSpec
