@@ -39,10 +39,10 @@ def test_a_bad_cpu_list_is_refused_with_the_setting_named(four_cores, text, said
 
 
 def test_a_cuda_trainer_refuses_cpu_pinning(four_cores):
-    trainer = Trainer.__new__(Trainer)
-    trainer.device = __import__("torch").device("cuda")
+    from tir_rl.trainer.placement import _pin_to_cores
+
     with pytest.raises(ConfigError, match="pins a CPU trainer"):
-        trainer._pin_to_cores("1")
+        _pin_to_cores(__import__("torch").device("cuda"), "1")
 
 
 _PIN_CHILD = """

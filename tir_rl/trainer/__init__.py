@@ -9,9 +9,10 @@ resumes the trainer's state and writes the Hugging Face model folder SFT writes 
 """
 
 from tir_rl.trainer.batch import Packing, TrainBatch
+from tir_rl.trainer.loss import PolicyLoss
 from tir_rl.trainer.lr_schedule import LRSchedule
 from tir_rl.trainer.step_result import StepResult, UpdateStatus
-from tir_rl.trainer.trainer import PolicyLoss, Trainer
+from tir_rl.trainer.trainer import Trainer
 
 __all__ = [
     "LRSchedule",

@@ -108,6 +108,15 @@ class TrainBatch:
         """B."""
         return len(self.prompt_ids)
 
+    def checked_advantages(self, advantages: torch.Tensor) -> torch.Tensor:
+        """`advantages` as [B] float32 on the CPU, detached; another shape is refused."""
+        advantages = advantages.detach().float().cpu()
+        if advantages.shape != (self.num_sequences,):
+            raise ConfigError(
+                f"advantages must have shape [{self.num_sequences}], got {tuple(advantages.shape)}"
+            )
+        return advantages
+
     @property
     def total_lens(self) -> torch.Tensor:
         """[B] long; prompt plus completion length of each sequence."""

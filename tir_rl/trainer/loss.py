@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -189,6 +190,34 @@ class PolicyLossMetrics:
     def ref_kl(self) -> float:
         """k3 estimate of KL(θ ‖ ref); 0 without a reference."""
         return self._get("ref_kl")
+
+
+class PolicyLoss(Protocol):
+    """What the trainer needs from a loss (`tir_rl.trainer.loss.GRPOLoss` fits)."""
+
+    def __call__(
+        self,
+        logprobs: torch.Tensor,
+        *,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        loss_mask: torch.Tensor,
+        weights: torch.Tensor | None = None,
+        ref_logprobs: torch.Tensor | None = None,
+        num_global_tokens: int | None = None,
+        num_global_sequences: int | None = None,
+    ) -> tuple[torch.Tensor, PolicyLossMetrics]:
+        """Return the globally normalized loss of a micro-batch and its metrics."""
+        ...
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the loss takes `ref_logprobs` (a KL term to a frozen reference policy)."""
+        ...
+
+    def global_normalizer(self, *, num_tokens: int, num_sequences: int) -> int:
+        """The global D the loss divides by, from the global token and sequence counts."""
+        ...
 
 
 def k3(log_ratio: Tensor) -> Tensor:

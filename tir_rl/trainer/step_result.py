@@ -4,12 +4,14 @@
 `row()` is the one place the update's `train/loss`, `train/grad_norm` and `train/skipped`
 columns are named. `combine_loss_metrics` folds the loss's per-micro-batch metrics
 (`tir_rl.trainer.loss.LOSS_METRICS`, where each is declared with its reduction) into this
-rank's row.
+rank's row. `UpdatePass`, `StepTotals` and `StepClock` are what a train step keeps on its
+way to its result: the micro-batch loop's sums, the global figures, the stage timings.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -132,3 +134,53 @@ def combine_loss_metrics(rows: Sequence[torch.Tensor]) -> dict[str, Metric]:
             mean = sum(w * v for w, v in values) / max(total, 1e-12)
             out[metric.key] = Metric.mean(mean, LOSS_TOKENS)
     return out
+
+
+@dataclass
+class StepTotals:
+    """A train step's global figures, identical on every rank (before its result is made)."""
+
+    loss: float
+    grad_norm: float
+    num_loss_tokens: int
+    num_tokens_computed: int
+    """Every token of the ranks' batches (prompt, completion, padding the packer kept)."""
+    metrics: dict[str, float]
+
+    @property
+    def finite(self) -> bool:
+        """Whether the loss and the gradient norm are finite numbers."""
+        return math.isfinite(self.loss) and math.isfinite(self.grad_norm)
+
+
+class StepClock:
+    """Seconds since the step started, at the marks of its stages."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.marks: dict[str, float] = {}
+
+    def mark(self, stage: str) -> None:
+        """`stage` ends now."""
+        self.marks[stage] = time.perf_counter()
+
+    def metrics(self) -> dict[str, float]:
+        """`train/<stage>_s` for each stage (from the previous mark) and `train/step_s`."""
+        out, previous = {}, self.start
+        for stage, at in self.marks.items():
+            out[f"train/{stage}_s"] = at - previous
+            previous = at
+        out["train/step_s"] = previous - self.start
+        return out
+
+
+@dataclass
+class UpdatePass:
+    """What the micro-batch loop of one step leaves behind."""
+
+    logprobs: torch.Tensor
+    """[B, T] float32 CPU, detached ℓ^θ of the model tokens (loss mask 1); 0 elsewhere."""
+    sums: torch.Tensor
+    """[2] float64 on the device: unnormalized loss sum, entropy sum over model tokens."""
+    metric_rows: list[torch.Tensor]
+    """Per micro-batch, on the device: [1 + len(LOSS_METRICS)], its loss-token count first."""

@@ -11,7 +11,11 @@ its own; on the lab model that was half the update's time.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
+from torch import nn
 
 
 def token_stats(
@@ -131,3 +135,23 @@ class _TargetLogprob(torch.autograd.Function):
 def _scaled_float(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     logits = logits.float()
     return logits / temperature if temperature != 1.0 else logits
+
+
+@contextlib.contextmanager
+def score_only(head: nn.Module, rows: torch.Tensor, columns: torch.Tensor) -> Iterator[None]:
+    """Make `head` (lm_head) score only hidden[rows, columns]: logits [1, n, V].
+
+    `logits_to_keep` keeps the union of the rows' columns, so with several packed rows
+    lm_head would score rows × union positions, most of them never read; gathering its input
+    first scores exactly the n tokens. A forward pre-hook keeps this inside the model's own
+    forward, where FSDP2 has the head's weight gathered, and leaves the state dict unchanged.
+    """
+
+    def gather(_module: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        return (args[0][rows, columns][None], *args[1:])
+
+    handle = head.register_forward_pre_hook(gather)
+    try:
+        yield
+    finally:
+        handle.remove()
