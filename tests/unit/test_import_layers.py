@@ -62,6 +62,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "doctor",
             "lab.sft",
             "launch",
+            "commands",
             "cli",
         ),
     ),

@@ -179,7 +179,8 @@ def test_the_slurm_script_runs_each_trainer_node_with_its_rank_on_a_fake_slurm(t
 
 
 def test_a_node_s_place_in_a_multi_node_job_is_checked():
-    from tir_rl.cli import _nodes, build_parser
+    from tir_rl.cli import build_parser
+    from tir_rl.commands import nodes_of as _nodes
 
     parse = build_parser().parse_args
     assert _nodes(parse(["train", "--config", "x.yaml"])) is None
