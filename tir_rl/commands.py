@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from tir_rl.errors import ConfigError, TirError
 
 if TYPE_CHECKING:
-    from tir_rl.distributed import Nodes
+    from tir_rl.torchrun import Nodes
 
 logger = logging.getLogger("tir_rl")
 
@@ -47,7 +47,7 @@ def _command_log(command: str) -> Path:
 
 def nodes_of(args: argparse.Namespace) -> Nodes | None:
     """This node's place in a multi-node job, or None for a job on this machine alone."""
-    from tir_rl.distributed import Nodes
+    from tir_rl.torchrun import Nodes
 
     if args.nnodes == 1:
         given = [f for f in ("node_rank", "master_addr", "master_port") if getattr(args, f)]

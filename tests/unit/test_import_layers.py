@@ -39,6 +39,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "lab",
             "lab.model",
             "distributed",
+            "torchrun",
         ),
     ),
     ("sandbox", ("sandbox",)),

@@ -69,6 +69,7 @@ from tir_rl.rl_loop.rank0 import DataPosition, Rank0Driver
 from tir_rl.rl_loop.step_plan import StepPlan
 from tir_rl.rl_loop.update import StepWork, Update
 from tir_rl.run_config import RunConfig
+from tir_rl.torchrun import Nodes, torchrun_command
 from tir_rl.trainer import checkpoint
 from tir_rl.trainer.checkpoint import latest_checkpoint, step_folder
 from tir_rl.weight_sync import WeightSync
@@ -209,7 +210,7 @@ def exec_under_torchrun(
     *,
     resume: str | None = None,
     verbose: bool = False,
-    nodes: tdist.Nodes | None = None,
+    nodes: Nodes | None = None,
 ) -> NoReturn:
     """Replace this process by `torchrun --nproc-per-node N -m tir_rl.cli train`.
 
@@ -232,7 +233,7 @@ def exec_under_torchrun(
         args += ["--set", override]
     cores = len(available_cores())
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // nproc_per_node)))
-    command = tdist.torchrun_command(nproc_per_node, "tir_rl.cli", args, nodes=nodes)
+    command = torchrun_command(nproc_per_node, "tir_rl.cli", args, nodes=nodes)
     logger.info("running %s", " ".join(command))
     os.execv(command[0], command)
 

@@ -26,6 +26,7 @@ from tir_rl.models import prepare_tiny_model
 from tir_rl.report.run_log import load_trajectories, read_metrics
 from tir_rl.rl_loop import plan_step
 from tir_rl.run_config import RunConfig
+from tir_rl.torchrun import Nodes, torchrun_command
 from tir_rl.trainer import Trainer, checkpoint
 from tir_rl.trainer.checkpoint import latest_checkpoint
 from tir_rl.trainer.loss import GRPOLoss
@@ -37,7 +38,7 @@ WORKER = Path(__file__).with_name("fsdp2_train_worker.py")
 
 
 def _train_command(
-    out: Path, *extra: str, resume: Path | None = None, node: tdist.Nodes | None = None
+    out: Path, *extra: str, resume: Path | None = None, node: Nodes | None = None
 ) -> list[str]:
     """torchrun running the worker's `tir-rl train` on two ranks (one per node with `node`),
     the test config."""
@@ -51,13 +52,13 @@ def _train_command(
     for override in extra:
         args += ["--set", override]
     per_node = 2 if node is None else 1
-    torchrun = tdist.torchrun_command(per_node, "tir_rl.cli", [], nodes=node)[:-2]
+    torchrun = torchrun_command(per_node, "tir_rl.cli", [], nodes=node)[:-2]
     return [*torchrun, str(WORKER), *args]
 
 
-def _two_nodes() -> list[tdist.Nodes]:
+def _two_nodes() -> list[Nodes]:
     port = tdist.free_port()
-    return [tdist.Nodes(2, rank, "127.0.0.1", port) for rank in range(2)]
+    return [Nodes(2, rank, "127.0.0.1", port) for rank in range(2)]
 
 
 BASE_OVERRIDES = [
