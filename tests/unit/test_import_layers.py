@@ -60,6 +60,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "runtime",
             "rl_loop",
             "evaluate",
+            "config_audit",
             "doctor",
             "lab.sft",
             "launch",
