@@ -259,7 +259,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_sft(args: argparse.Namespace) -> int:
     """`tir-rl sft`: fine-tune a model on an environment's oracle episodes."""
-    from tir_rl.lab.sft import load_sft_config, run_sft
+    from tir_rl.lab.sft import run_sft
+    from tir_rl.lab.sft_config import load_sft_config
 
     config = load_sft_config(args.config, args.set)
     _route_library_output(args, _command_log("sft"))

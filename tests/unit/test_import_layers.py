@@ -62,6 +62,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "evaluate",
             "config_audit",
             "doctor",
+            "lab.sft_config",
             "lab.sft",
             "launch",
             "commands",
