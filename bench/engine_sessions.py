@@ -165,7 +165,7 @@ async def measure(args: argparse.Namespace) -> None:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from tir_rl.engine.vllm_local import CPU_PREFIX_CACHE_BLOCK_SIZE
+    from tir_rl.engine.cpu_platform import CPU_PREFIX_CACHE_BLOCK_SIZE
     from tir_rl.models import resolve_model
 
     path = str(resolve_model(args.model))

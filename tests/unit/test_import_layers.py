@@ -216,3 +216,14 @@ def test_an_upward_import_is_reported(tmp_path):
 )
 def test_stage_lookup(module, stage):
     assert STAGES[stage_of(module)][0] == stage
+
+
+MAX_MODULE_LINES = 600
+"""A module past this is doing more than one thing (issue 50): split it by concept."""
+
+
+def test_no_module_is_over_600_lines():
+    lengths = {
+        name: len(path.read_text().splitlines()) for name, path in package_modules().items()
+    }
+    assert {name: n for name, n in lengths.items() if n > MAX_MODULE_LINES} == {}

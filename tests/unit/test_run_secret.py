@@ -124,7 +124,7 @@ def test_a_weights_folder_others_can_write_is_refused(tmp_path):
 
 
 def test_a_client_reads_its_key_from_the_file_it_names(tmp_path, monkeypatch):
-    from tir_rl.engine.vllm_http import ServerConnection, authorization_headers
+    from tir_rl.engine.server_connection import ServerConnection, authorization_headers
 
     monkeypatch.setenv("HOME", str(tmp_path))
     secret = RunSecret.generate()

@@ -36,7 +36,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,15 +53,16 @@ from tir_rl.engine.base import (
     truncate_at_stop_sequence,
 )
 from tir_rl.engine.sampler_settings import SamplerSettings
+from tir_rl.engine.server_connection import ServerConnection, authorization_headers, http_error
 from tir_rl.engine.server_guard import SERVER_GUARD, WEIGHTS_DIGEST_HEADER
 from tir_rl.engine.transfer import (
     TransferRound,
     send_to_engine,
     transfer_group_for,
 )
+from tir_rl.engine.transfer_clients import HttpTransferClient
 from tir_rl.engine.weights_io import PublishedWeights, check_published, publish_state_dict
 from tir_rl.errors import ConfigError, EngineError, EngineUnavailableError
-from tir_rl.run_secret import RunSecret
 
 if TYPE_CHECKING:
     import httpx
@@ -75,48 +75,6 @@ logger = logging.getLogger(__name__)
 _RETRY_STATUS = (502, 503, 504)
 _PROBE_PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
 _PROBE_TEMPERATURE = 0.5
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServerConnection:
-    """Where one `vllm serve` server is and how to talk to it."""
-
-    base_url: str = ""
-    """Server root, e.g. `http://127.0.0.1:8000` (no `/v1`)."""
-    served_model_name: str | None = None
-    """The server's `--served-model-name`; None accepts the server's only model."""
-    api_key_file: str | None = None
-    """File holding the servers' bearer token (the run's secret, `tir_rl.run_secret`), only
-    its owner may read it. `tir-rl launch` sets it to the secret it gave its servers."""
-    api_key: str | None = None
-    """Bearer token given inline, for a server started with `--api-key` by someone else; it
-    is written to the run's config.yaml, so prefer `api_key_file`."""
-    timeout_s: float = 600.0
-    """Longest wait for one response (a long completion under load takes a while)."""
-    connect_timeout_s: float = 10.0
-    """Longest wait to open a connection."""
-    max_retries: int = 4
-    """Retries after a connection error or a 502/503/504 answer (not after 4xx)."""
-    backoff_s: float = 0.5
-    """First retry delay; doubles on every further retry."""
-    max_connections: int = 512
-    """Concurrent HTTP connections (one per request in flight)."""
-
-    def connection(self) -> dict[str, object]:
-        """These settings by name, to build another config that shares them."""
-        return {name: getattr(self, name) for name in ServerConnection.__dataclass_fields__}
-
-    def validate_connection(self) -> None:
-        """Raise `ConfigError` for an address or retry setting that cannot work."""
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ConfigError(f"engine.http.base_url must start with http(s)://: {self.base_url}")
-        if self.max_retries < 0 or self.backoff_s < 0:
-            raise ConfigError("engine.http.max_retries and engine.http.backoff_s must be >= 0")
-        if self.api_key is not None and self.api_key_file is not None:
-            raise ConfigError(
-                "engine.http.api_key and engine.http.api_key_file are both set: give the "
-                "servers' key one way (api_key_file keeps it out of the run's config.yaml)"
-            )
 
 
 class VLLMHttpEngine(SingleEngine):
@@ -389,7 +347,7 @@ class VLLMHttpEngine(SingleEngine):
 
     def transfer_client(self) -> HttpTransferClient:
         """The server's weight-sync routes, for a `TransferGroup`."""
-        return HttpTransferClient(self.config)
+        return HttpTransferClient(self.config, self.config.weight_transfer)
 
     async def receive_transfer(self, round_: TransferRound, version: int | None) -> None:
         """Hold requests as for an update while `round_` sends; then label `version`."""
@@ -457,7 +415,7 @@ class VLLMHttpEngine(SingleEngine):
                 if response.is_success or response.status_code in ok_statuses:
                     return response
                 if response.status_code not in _RETRY_STATUS or last:
-                    raise _http_error(method, url, response, c)
+                    raise http_error(method, url, response, c)
             await asyncio.sleep(c.backoff_s * 2**attempt)
         raise AssertionError("unreachable")
 
@@ -485,74 +443,6 @@ class VLLMHttpEngine(SingleEngine):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-class HttpTransferClient:
-    """A server's weight-sync routes (vLLM's `/init_weight_transfer_engine` and the rest).
-
-    Blocking calls (the transfer backends drive them from threads); a server that cannot be
-    reached raises `EngineUnavailableError`, any other failure `EngineError`.
-    """
-
-    def __init__(self, config: VLLMHttpEngine.Config) -> None:
-        """Read the servers' key once (a transfer makes several calls).
-
-        Raises:
-            ConfigError: `api_key_file` is not a valid secret file.
-        """
-        self.name = config.base_url
-        self._config = config
-        self._headers = authorization_headers(config)
-
-    def world_size(self) -> int:
-        """The engine's workers: the ranks it takes in the group."""
-        return int(self._call("GET", "/get_world_size")["world_size"])
-
-    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        """Join the trainer's transfer group."""
-        self._call("POST", "/init_weight_transfer_engine", {"init_info": init_info})
-
-    def start_weight_update(self) -> None:
-        """Begin an update (vLLM's layerwise reload)."""
-        self._call("POST", "/start_weight_update")
-
-    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
-        """Receive one update and load it."""
-        self._call("POST", "/update_weights", {"update_info": update_info})
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        """End the update (vLLM's layerwise reload finishes the layers)."""
-        body = None if weight_version is None else {"weight_version": weight_version}
-        self._call("POST", "/finish_weight_update", body)
-
-    def shutdown_weight_transfer_engine(self) -> None:
-        """Leave the trainer's transfer group."""
-        self._call("POST", "/shutdown_weight_transfer_engine")
-
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        import httpx
-
-        c = self._config
-        url = f"{c.base_url.rstrip('/')}{path}"
-        try:
-            response = httpx.request(
-                method,
-                url,
-                json=body,
-                headers=self._headers,
-                timeout=httpx.Timeout(c.timeout_s, connect=c.connect_timeout_s),
-            )
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError,
-                httpx.ReadError, httpx.WriteError) as exc:  # fmt: skip
-            raise EngineUnavailableError(f"{c.base_url} is unreachable: {exc}") from exc
-        if response.status_code == 404:
-            raise EngineError(
-                f"{c.base_url} has no {path} route: start it with VLLM_SERVER_DEV_MODE=1 and "
-                f"{shlex.join(c.weight_transfer.server_flag())}"
-            )
-        if response.status_code >= 400:
-            raise _http_error(method, url, response, c)
-        return response.json() if response.content else None
 
 
 class _UpdateGate:
@@ -605,44 +495,6 @@ async def _make_client(config: VLLMHttpEngine.Config) -> httpx.AsyncClient:
         ),
         headers=headers,
     )
-
-
-def authorization_headers(address: ServerConnection) -> dict[str, str]:
-    """The `Authorization` header for `address`'s servers (none when no key is configured).
-
-    Raises:
-        ConfigError: `api_key_file` is not a valid secret file (missing, open to others).
-    """
-    if address.api_key_file is not None:
-        secret = RunSecret.read(Path(address.api_key_file).expanduser())
-        return {"Authorization": secret.authorization}
-    if address.api_key:
-        return {"Authorization": f"Bearer {address.api_key}"}
-    return {}
-
-
-def _http_error(
-    method: str, url: str, response: httpx.Response, address: ServerConnection
-) -> EngineError:
-    if response.status_code == 401:
-        given = "the key it was given" if address.api_key or address.api_key_file else "no key"
-        return EngineError(
-            f"{method} {url}: HTTP 401: the server refused {given}. A server tir-rl launch "
-            "started wants its run's secret: set engine.http.api_key_file to the launch's "
-            '<run dir>/launch/secret (docs/scale.md, "Who can drive a run")'
-        )
-    return EngineError(f"{method} {url}: HTTP {response.status_code}: {_error_text(response)}")
-
-
-def _error_text(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:500]
-    error = body.get("error", body) if isinstance(body, dict) else body
-    if isinstance(error, dict):
-        return str(error.get("message", error))[:500]
-    return str(error)[:500]
 
 
 def _finish_reason(reason: object) -> FinishReason:

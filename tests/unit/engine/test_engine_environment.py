@@ -1,6 +1,6 @@
 import os
 
-from tir_rl.engine.vllm_local import _environment_default
+from tir_rl.engine.cpu_platform import _environment_default
 
 VAR = "TIR_RL_TEST_ENGINE_VAR"
 

