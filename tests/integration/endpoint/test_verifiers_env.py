@@ -7,8 +7,9 @@ for the run: verifiers loads the `vf_reverse` taskset once per split, and for ea
 interception server and eval client, which reach the episode's base URL here; verifiers
 scores the trace with the task's rubric and the worker answers that reward. `--record` makes
 it also write what verifiers saw, which these tests hold against what the endpoint recorded
-in tokens: the rollouts and held-out evaluations of a 2-step training run. (The
-process-per-episode `play_one.py` runs in `bench/verifiers_worker.py`.)
+in tokens: the rollouts and held-out evaluations of a 3-step training run whose worker is
+killed mid step 1. (The process-per-episode `play_one.py` runs in
+`bench/verifiers_worker.py`.)
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from transformers import AutoTokenizer
 
@@ -88,30 +92,60 @@ def assert_the_rubric_s_reward(record: dict[str, Any]) -> None:
     assert record["num_calls"] == 1  # vf_reverse is single-turn (its @vf.stop)
 
 
+def kill_the_worker_mid_step(records: Path) -> tuple[threading.Thread, list[int]]:
+    """A thread that SIGKILLs the verifiers worker once, mid step 1: after the held-out
+    evaluation before training is recorded, as soon as the worker has a child (the chat
+    program of an episode in play). The killed pid goes into the list."""
+    killed: list[int] = []
+
+    def watch() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not killed:
+            if any(records.glob("*.json")):
+                for process in psutil.Process().children(recursive=True):
+                    try:
+                        if str(WORKER) in process.cmdline() and process.children():
+                            process.kill()
+                            killed.append(process.pid)
+                            return
+                    except psutil.NoSuchProcess:
+                        continue
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread, killed
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """2 GRPO steps on the verifiers environment (one group of 2 episodes per step, one
-    held-out task before and after): (summary, records folder)."""
+    """3 GRPO steps on the verifiers environment (one group of 2 episodes per step, one
+    held-out task before and after), the worker killed mid step 1:
+    (summary, records folder, the killed worker's pid)."""
     folder = tmp_path_factory.mktemp("verifiers")
     config = verifiers_config(
         folder / "records",
         f"run.out_dir={folder}",
         "run.name=verifiers",
-        "run.steps=2",
+        "run.steps=3",
         "run.tasks_per_step=1",
         "run.group_size=2",
         "run.eval_tasks=1",
         "trainer.lr=1e-3",
     )
-    return run_train(config), folder / "records"
+    watcher, killed = kill_the_worker_mid_step(folder / "records")
+    summary = run_train(config)
+    watcher.join(timeout=5)
+    assert len(killed) == 1, "the worker was never seen playing a training episode"
+    return summary, folder / "records", killed[0]
 
 
-def test_a_verifiers_environment_trains_two_steps_and_is_evaluated(trained):
-    summary, folder = trained
-    assert summary.steps_done == 2
+def test_a_verifiers_environment_trains_and_is_evaluated(trained):
+    summary, folder, _ = trained
+    assert summary.steps_done == 3
     rows = read_metrics(summary.run_dir / "metrics.jsonl")
-    train_rows = [r for r in rows if "train/grad_norm" in r]
-    assert [r["step"] for r in train_rows] == [1, 2]
+    train_rows = [r for r in rows if "train/grad_norm" in r and r["step"] > 1]
+    assert [r["step"] for r in train_rows] == [2, 3]
     # The lcs reward differs between a group's episodes, so the group is trained.
     assert all(r.get("train/num_loss_tokens", 0) > 0 for r in train_rows), train_rows
     assert all(r["train/grad_norm"] > 0 for r in train_rows)
@@ -121,26 +155,42 @@ def test_a_verifiers_environment_trains_two_steps_and_is_evaluated(trained):
     assert len(held_out) == 2
     for record in held_out:
         assert_the_rubric_s_reward(record)
-    reports = [json.loads((summary.run_dir / f"eval_step_{s}.json").read_text()) for s in (0, 2)]
+    reports = [json.loads((summary.run_dir / f"eval_step_{s}.json").read_text()) for s in (0, 3)]
     assert all(r["num_tasks"] == 1 and r["split"] == "test" for r in reports)
     assert all(sum(r["status_counts"][status.value] for status in PLAYED) == 1 for r in reports)
     assert sorted(r["mean_reward"] for r in reports) == pytest.approx(
         sorted(r["reward"] for r in held_out)
     )
-    # One worker played the whole run, rollouts and evaluations: verifiers was imported once.
-    assert len({r["worker_pid"] for r in verifiers_records(folder)}) == 1
 
 
-def test_every_episode_is_recorded_in_tokens_with_the_rubric_s_reward(trained):
-    summary, folder = trained
+def test_a_killed_worker_ends_its_episodes_and_the_next_step_restarts_it(trained):
+    summary, folder, killed = trained
+    saved = load_trajectories(summary.run_dir / "trajectories.jsonl")
+    step_1 = [item.trajectory for item in saved if item.step == 1]
+    died = [t for t in step_1 if t.status == RolloutStatus.ERROR_AGENT]
+    assert died, [t.status for t in step_1]
+    assert all(f"(pid {killed}) exited with status -9" in (t.error or "") for t in died)
+    assert all(t.reward == 0.0 for t in died)
+    # One worker played everything before the kill, one (restarted) everything after it:
+    # verifiers was imported twice in the whole run, not once per episode.
+    pids = [r["worker_pid"] for r in verifiers_records(folder)]
+    assert set(pids) == {killed, pids[-1]} and pids[-1] != killed
+    later = [item.trajectory for item in saved if item.step > 1]
+    assert len(later) == 4 and all(t.status in PLAYED for t in later)
+    assert not psutil.pid_exists(killed)
+
+
+def test_every_played_episode_is_recorded_in_tokens_with_the_rubric_s_reward(trained):
+    summary, folder, _ = trained
     records = {
         (r["group"], r["episode"]): r for r in verifiers_records(folder) if r["split"] == "train"
     }
     saved = [item.trajectory for item in load_trajectories(summary.run_dir / "trajectories.jsonl")]
-    assert len(saved) == len(records) == 4  # 2 steps x 2 episodes, one sample each (one turn)
+    played = [t for t in saved if t.status in PLAYED]
+    assert len(saved) == 6  # 3 steps x 2 episodes, one sample each (one turn)
+    assert len(played) == len(records) >= 4
     tokenizer = AutoTokenizer.from_pretrained(prepare_tiny_model())
-    for trajectory in saved:
-        assert trajectory.status in PLAYED, trajectory.error
+    for trajectory in played:
         record = records[(trajectory.group_id, trajectory.episode_id)]
         assert_the_rubric_s_reward(record)
         assert trajectory.reward == pytest.approx(record["reward"])

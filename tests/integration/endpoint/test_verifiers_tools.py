@@ -24,6 +24,7 @@ from transformers import AutoTokenizer
 
 from tir_rl.envs import WorkerAgentEnv
 from tir_rl.models import prepare_bundled_model
+from tir_rl.report.viewer import render_html
 from tir_rl.rollout import EpisodeSpec, Rollout
 from tir_rl.types import Role, RolloutStatus
 
@@ -119,6 +120,14 @@ def test_the_tool_keeps_its_state_across_turns_and_the_rubric_reads_it(played):
         # each balance is the running sum: the tool server kept the state between turns
         amounts = [c.tool_calls[0].arguments["amount"] for c in calls]
         assert [int(r) for r in results] == [sum(amounts[: i + 1]) for i in range(len(amounts))]
+    # the trajectory viewer shows each call and the balance the tool answered
+    tokenizer = AutoTokenizer.from_pretrained(prepare_bundled_model())
+    page = render_html(played["tools"], tokenizer)
+    for trajectory in played["tools"]:
+        for message in trajectory.messages:
+            for call in message.tool_calls:
+                assert f'<b>tool call</b> add<code>{{"amount": {call.arguments["amount"]}}}' in page
+    assert page.count("<b>tool result") == sum(t.num_tool_calls for t in played["tools"])
     records = [r for r in records_of(folder).values() if r["num_calls"] > 1]
     assert len(records) == 2
     assert all(r["rewards"]["entered"]["score"] == 1.0 for r in records)
