@@ -8,20 +8,22 @@ tokens (`tir_rl.endpoint`), and returns the episode's reward. The rollout turns 
 calls into training samples (docs/bring_your_agent.md).
 
 Subclasses implement `generate_task` and `agent`; ``env.id: my_module:MyAgentEnv`` in a run
-config trains it.
+config trains it. An `AgentEnv` is not a Gymnasium env: nothing steps it. The rollout asks it
+for the episode's task (`task_for`) and hands the task to its agent.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import gymnasium
+import numpy as np
 
 from tir_rl.envs.episode import Split, Task, task_index
-from tir_rl.errors import ConfigError, EnvironmentSpecError
+from tir_rl.errors import ConfigError
 
 ENDPOINT_KEY_ENV = "TIR_RL_ENDPOINT_KEY"
 """The variable that gives a `CommandAgentEnv` command the endpoint's API key."""
@@ -29,11 +31,11 @@ ENDPOINT_KEY_ENV = "TIR_RL_ENDPOINT_KEY"
 __all__ = ["AgentEnv", "CommandAgentEnv"]
 
 
-class AgentEnv(gymnasium.Env[list[Any], Any]):
+class AgentEnv:
     """Tasks for an agent that talks to the run's OpenAI-compatible endpoint.
 
-    ``reset`` picks the task (``options["task_index"]`` or the seed, as `ToolEnv` does) and
-    returns it in the info dict under ``"agent_task"``; ``step`` is not used: the agent plays.
+    `task_for` picks an episode's task (``options["task_index"]`` or the seed, as a
+    `ToolEnv`'s reset does); `agent` plays it.
     """
 
     @dataclass(kw_only=True)
@@ -51,8 +53,6 @@ class AgentEnv(gymnasium.Env[list[Any], Any]):
             if self.num_tasks is not None and self.num_tasks < 1:
                 raise ConfigError(f"num_tasks={self.num_tasks}: must be >= 1 or None")
 
-    metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 (gymnasium's class attribute)
-
     def __init__(self, config: Config | None = None, **overrides: Any) -> None:
         base = config or type(self).Config()
         names = {f.name for f in dataclasses.fields(base)}
@@ -64,7 +64,6 @@ class AgentEnv(gymnasium.Env[list[Any], Any]):
         self.config = dataclasses.replace(base, **overrides)
         self.config.validate()
         self.split = Split(self.config.split)
-        self._task: Task | None = None
 
     # ----------------------------------------------------------------- subclass hooks
     def generate_task(self, index: int) -> Task:
@@ -79,27 +78,14 @@ class AgentEnv(gymnasium.Env[list[Any], Any]):
         """
         raise NotImplementedError
 
-    # ----------------------------------------------------------------- gymnasium API
-    @property
-    def task(self) -> Task | None:
-        """The current episode's task (None before the first reset)."""
-        return self._task
+    # ----------------------------------------------------------------- the rollout's API
+    def task_for(self, *, seed: int | None, options: Mapping[str, Any] | None) -> Task:
+        """The task of an episode reset with this seed and these options."""
+        index = task_index(options, np.random.default_rng(seed), self.config.num_tasks)
+        return self.generate_task(index)
 
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[list[Any], dict[str, Any]]:
-        """Pick the episode's task; the info dict carries it as ``"agent_task"``."""
-        super().reset(seed=seed)
-        index = task_index(options, self.np_random, self.config.num_tasks)
-        self._task = self.generate_task(index)
-        return [], {"agent_task": self._task}
-
-    def step(self, action: Any) -> tuple[list[Any], float, bool, bool, dict[str, Any]]:
-        """Not used: an `AgentEnv`'s episodes are played by its `agent`."""
-        raise EnvironmentSpecError(
-            f"{type(self).__name__} is an AgentEnv: its episodes are played by its agent() "
-            "through the chat endpoint, not stepped"
-        )
+    def close(self) -> None:
+        """Release what the env holds (nothing here; the rollout calls it after each episode)."""
 
 
 class CommandAgentEnv(AgentEnv):

@@ -4,7 +4,8 @@ Three forms are accepted (the first two are Gymnasium's own)::
 
     tir_rl/MathPython-v0        a registered id (importing `tir_rl.envs` registers ours)
     my_module:My-v0             import `my_module` (which registers `My-v0`), then make it
-    my_module:MyEnv             import `my_module`, then build its `gymnasium.Env` class MyEnv
+    my_module:MyEnv             import `my_module`, then build its class MyEnv (a
+                                `gymnasium.Env` or a `tir_rl.envs.AgentEnv`)
 
 The module is imported when the id is resolved, not when `tir_rl.envs` is imported, from
 `sys.path` or else the current folder (where `python -m` would find it). Each
@@ -25,10 +26,13 @@ from typing import Any
 
 import gymnasium
 
+from tir_rl.envs.agent_env import AgentEnv
 from tir_rl.errors import ConfigError, did_you_mean
 
-EnvMaker = Callable[..., gymnasium.Env]
+EnvMaker = Callable[..., gymnasium.Env | AgentEnv]
 """Builds one environment from keyword arguments (its config fields, e.g. ``split``)."""
+ENV_CLASSES = (gymnasium.Env, AgentEnv)
+"""What a ``module:ClassName`` id may name: an env tir-rl steps, or one an agent plays."""
 
 
 def env_maker(env_id: str) -> EnvMaker:
@@ -59,15 +63,16 @@ def env_maker(env_id: str) -> EnvMaker:
     if name in gymnasium.registry:
         return _registered(name)
     found = getattr(module, name, None)
-    if inspect.isclass(found) and issubclass(found, gymnasium.Env):
+    if inspect.isclass(found) and issubclass(found, ENV_CLASSES):
         return found
     candidates = [*_registered_by(module_name), *_env_classes(module)]
     hint = did_you_mean(name, candidates)
     listing = f" It registers or defines: {sorted(candidates)}." if candidates else ""
     raise ConfigError(
         f"env.id {env_id!r}: module {module_name!r} was imported but registers no gymnasium id "
-        f"{name!r} and defines no gymnasium.Env class of that name.{hint}{listing} Register it "
-        f"in the module (gymnasium.register(id={name!r}, entry_point=...)) or name the class."
+        f"{name!r} and defines no gymnasium.Env or AgentEnv class of that name.{hint}{listing} "
+        f"Register it in the module (gymnasium.register(id={name!r}, entry_point=...)) or name "
+        "the class."
     )
 
 
@@ -133,12 +138,12 @@ def _registered_by(module_name: str) -> list[str]:
 
 
 def _env_classes(module: Any) -> list[str]:
-    """Public gymnasium.Env classes defined in `module` itself (not imported into it)."""
+    """Public env classes defined in `module` itself (not imported into it)."""
     return [
         attr
         for attr, value in vars(module).items()
         if inspect.isclass(value)
-        and issubclass(value, gymnasium.Env)
+        and issubclass(value, ENV_CLASSES)
         and value.__module__ == module.__name__
         and not attr.startswith("_")
     ]

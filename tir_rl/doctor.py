@@ -164,6 +164,7 @@ def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
         probe_parity,
         transformers_logprobs,
     )
+    from tir_rl.envs.agent_env import AgentEnv
     from tir_rl.envs.episode import ResetInfo
     from tir_rl.mismatch import mismatch_metrics
     from tir_rl.mismatch.injection import MismatchInjection
@@ -184,9 +185,11 @@ def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
             asyncio.run(runtime.engine.update_weights(sent))
         factory = env_factory(config.env, config.env.eval_split)
         env = factory()
-        _, info = env.reset(seed=0)
+        schemas: Sequence[dict[str, Any]] = ()  # an AgentEnv's agent sends its own tools
+        if not isinstance(env, AgentEnv):
+            schemas = ResetInfo.from_info(env.reset(seed=0)[1]).tool_schemas
         env.close()
-        chat_format = runtime.rollout.chat_format_for(ResetInfo.from_info(info).tool_schemas)
+        chat_format = runtime.rollout.chat_format_for(schemas)
         findings.append(template_finding(chat_format))
         specs = task_specs(factory, num_tasks=num_episodes, group_size=1)
         trajectories = [t for t in runtime.run_episodes(specs) if t.num_model_tokens > 0]

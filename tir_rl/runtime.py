@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import gymnasium
 
     from tir_rl.chat.tokens import Tokenizer
+    from tir_rl.envs.agent_env import AgentEnv
     from tir_rl.rollout import EpisodeSpec, Rollout
     from tir_rl.rollout.episode import EnvFactory
 
@@ -34,13 +35,15 @@ def env_factory(section: EnvSection, split: str) -> EnvFactory:
     `section.id` is a registered gymnasium id, ``module:Name-v0`` or ``module:ClassName``
     (see `tir_rl.envs.resolve`); a bad one raises `ConfigError` here, before any engine starts.
     """
+    from tir_rl.envs.agent_env import AgentEnv
     from tir_rl.envs.resolve import env_maker
 
     build = env_maker(section.id)  # imports a `module:Name` id's module now
     kwargs = dict(section.kwargs)
 
-    def make() -> gymnasium.Env:
-        return build(split=split, **kwargs).unwrapped
+    def make() -> gymnasium.Env | AgentEnv:
+        env = build(split=split, **kwargs)
+        return env if isinstance(env, AgentEnv) else env.unwrapped
 
     return make
 
@@ -52,6 +55,8 @@ def check_env_starts(section: EnvSection, split: str) -> None:
     episode the same way (an option the environment does not take, data that is missing):
     it is refused as a `ConfigError` before any engine starts.
     """
+    from tir_rl.envs.agent_env import AgentEnv
+
     make = env_factory(section, split)
     what = f"env.id {section.id!r} (split {split!r}, env.kwargs {dict(section.kwargs)})"
     advice = (
@@ -65,10 +70,14 @@ def check_env_starts(section: EnvSection, split: str) -> None:
             f"{what}: building the environment raised {type(exc).__name__}: {exc}. {advice}"
         ) from exc
     try:
-        env.reset(seed=0)
+        if isinstance(env, AgentEnv):
+            env.task_for(seed=0, options=None)
+        else:
+            env.reset(seed=0)
     except Exception as exc:
+        call = "task_for(seed=0)" if isinstance(env, AgentEnv) else "reset(seed=0)"
         raise ConfigError(
-            f"{what}: its reset(seed=0) raised {type(exc).__name__}: {exc}. {advice}"
+            f"{what}: its {call} raised {type(exc).__name__}: {exc}. {advice}"
         ) from exc
     finally:
         env.close()

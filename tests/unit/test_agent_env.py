@@ -234,3 +234,17 @@ def test_a_command_past_its_deadline_is_killed(tokenizer):
 def test_a_command_env_without_a_command_is_refused():
     with pytest.raises(ConfigError, match="needs env.kwargs.command"):
         CommandAgentEnv()
+
+
+def test_an_agent_env_is_not_a_gymnasium_env_and_picks_tasks_as_a_tool_env_resets():
+    import gymnasium
+
+    env = LookupAgentEnv(num_tasks=1000)
+    assert not isinstance(env, gymnasium.Env)
+    assert not hasattr(env, "step")
+    assert env.task_for(seed=None, options={"task_index": 12}).id == "t12"
+    # a seed picks the index a gymnasium env reset with that seed would draw
+    rng, _ = gymnasium.utils.seeding.np_random(5)
+    assert env.task_for(seed=5, options=None).id == f"t{int(rng.integers(0, 1000))}"
+    with pytest.raises(ConfigError, match="task_index"):
+        env.task_for(seed=None, options={"task_index": -1})

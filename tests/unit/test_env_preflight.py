@@ -17,6 +17,8 @@ from tir_rl.runtime import check_env_starts
 ENVS = '''
 import gymnasium
 
+from tir_rl.envs import AgentEnv, Task
+
 
 class Picky(gymnasium.Env):
     """Takes `split` and `width` only (as a plain gymnasium env: a TypeError otherwise)."""
@@ -31,6 +33,15 @@ class Picky(gymnasium.Env):
 
     def step(self, action):
         return [], 0.0, True, False, {}
+
+
+class FewTasks(AgentEnv):
+    """An agent env with only three tasks: index 3 and on raise."""
+
+    def generate_task(self, index):
+        if index >= 3:
+            raise IndexError(f"no task {index}: there are 3")
+        return Task(str(index), "q", "a", self.split, 1, {})
 '''
 
 
@@ -75,3 +86,12 @@ def test_training_and_evaluation_refuse_it_before_any_engine_starts(picky, tmp_p
         run_train(bad)
     with pytest.raises(ConfigError, match="does not start"):
         run_eval(bad, num_tasks=2, k=1)
+
+
+def test_an_agent_env_is_built_and_asked_for_its_first_task_before_any_engine(picky, tmp_path):
+    agent_env = picky.replace("Picky", "FewTasks")
+    check_env_starts(config(agent_env, tmp_path, "env.kwargs={num_tasks: 3}").env, "train")
+    with pytest.raises(ConfigError, match=r"FewTasks has no option\(s\) \['width'\]"):
+        check_env_starts(config(agent_env, tmp_path, "env.kwargs={width: 2}").env, "train")
+    with pytest.raises(ConfigError, match=r"task_for\(seed=0\) raised IndexError: no task"):
+        check_env_starts(config(agent_env, tmp_path, "env.kwargs={num_tasks: 1000}").env, "train")

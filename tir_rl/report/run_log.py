@@ -8,6 +8,8 @@ Layout of those files in a run folder::
                              gzipped as metrics.jsonl.gz, and reads the same)
       trajectories.jsonl     sample episodes, one `Trajectory.to_dict()` per line (the caller
                              picks the file; `save_trajectories` only appends)
+      episode_errors.jsonl   every episode that ended in an error, trained on or not:
+                             {"step", "group_id", "episode_id", "status", "error"}
 
 Non-finite metric values (NaN, ±inf) are written as JSON `null` and read back as NaN: a
 diverging run must still leave a readable log. Nothing here raises on bad metric values.
@@ -27,6 +29,7 @@ from typing import Any
 from tir_rl.types import EpisodeTimings, Message, Role, RolloutStatus, ToolCall, Trajectory
 
 METRICS_FILE = "metrics.jsonl"
+EPISODE_ERRORS_FILE = "episode_errors.jsonl"
 KEPT_METRICS_FILE = f"{METRICS_FILE}.gz"
 
 
@@ -115,6 +118,28 @@ def save_trajectories(
             if trained_version is not None:
                 row["trained_version"] = int(trained_version)
             f.write(json.dumps(finite_or_none(row), allow_nan=False) + "\n")
+
+
+def append_episode_errors(path: Path, trajectories: Iterable[Trajectory], step: int) -> None:
+    """Append one line per trajectory whose status is an error (nothing when none is).
+
+    A failed episode often carries no tokens and never reaches the batch, so without this
+    file its reason would be left only in a count of `rollout/status/*`.
+    """
+    rows = [
+        {
+            "step": int(step),
+            "group_id": t.group_id,
+            "episode_id": t.episode_id,
+            "status": t.status.value,
+            "error": t.error,
+        }
+        for t in trajectories
+        if t.status.is_error
+    ]
+    if rows:
+        with path.open("a", encoding="utf-8") as f:
+            f.writelines(json.dumps(row) + "\n" for row in rows)
 
 
 def load_trajectories(path: Path | str) -> list[SavedTrajectory]:

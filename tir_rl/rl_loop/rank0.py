@@ -217,7 +217,11 @@ class Rank0Driver:
         trained_version: int,
     ) -> dict[str, float]:
         """The step's metrics row, logged with sample trajectories and plots."""
-        from tir_rl.report.run_log import save_trajectories
+        from tir_rl.report.run_log import (
+            EPISODE_ERRORS_FILE,
+            append_episode_errors,
+            save_trajectories,
+        )
 
         now = time.perf_counter()
         reading = self.engine.reading()
@@ -246,6 +250,7 @@ class Rank0Driver:
             row["engine/failovers_total"] = float(health.failovers)
         steps_done = step + 1
         self.metrics.log(steps_done, row)
+        append_episode_errors(self.run_dir / EPISODE_ERRORS_FILE, plan.trajectories, steps_done)
         cfg = self.config.run
         if cfg.save_sequences and batch is not None and logprobs is not None:
             append_sequences(

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from tir_rl.engine.base import FinishReason, GenerateRequest, GenerateResult
 from tir_rl.envs.agent_env import AgentEnv
-from tir_rl.envs.episode import ResetInfo, StepInfo
+from tir_rl.envs.episode import ResetInfo, StepInfo, Task
 from tir_rl.errors import ConfigError, EnvironmentSpecError, SandboxError
 from tir_rl.types import (
     EpisodeTimings,
@@ -46,8 +46,9 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-EnvFactory = Callable[[], "gymnasium.Env"]
-"""Builds one fresh environment (a `ToolEnv` or any gymnasium env with the same API)."""
+EnvFactory = Callable[[], "gymnasium.Env | AgentEnv"]
+"""Builds one fresh environment: a `ToolEnv` (or any gymnasium env with the same API),
+stepped by tir-rl's loop, or an `AgentEnv`, played by its agent."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,9 +58,10 @@ class EpisodeSpec:
     env_factory: EnvFactory
     """Called once per episode (in a worker thread) to build its own env instance."""
     task_seed: int | None = None
-    """Passed to `env.reset(seed=...)`; the samples of one group share it (same task)."""
+    """Passed to `env.reset(seed=...)` (`AgentEnv.task_for`); the samples of one group share
+    it (same task)."""
     options: Mapping[str, Any] | None = None
-    """Passed to `env.reset(options=...)`, e.g. `{"task_index": 3}`."""
+    """Passed to `env.reset(options=...)` (`AgentEnv.task_for`), e.g. `{"task_index": 3}`."""
     group_id: int = 0
     """Ties the G samples of one task together (copied to `Trajectory.group_id`)."""
     sample_index: int = 0
@@ -251,21 +253,33 @@ class Episode:
         return [self._trajectory(ending)]
 
     async def _play(self) -> _Ending:
+        """Build the env, then play the kind of episode its type calls for."""
         c = self.config
         label = f"episode g{self.spec.group_id}/s{self.spec.sample_index}"
+        spec = self.spec
         try:
             self.env = await run_blocking(
-                self.spec.env_factory, timeout_s=c.reset_timeout_s, name=f"{label} make env"
+                spec.env_factory, timeout_s=c.reset_timeout_s, name=f"{label} make env"
             )
-            messages, info = await run_blocking(
-                self._reset, timeout_s=c.reset_timeout_s, name=f"{label} env.reset"
-            )
-            schemas = _tool_schemas(info)
+            if isinstance(self.env, AgentEnv):  # played by its agent through the endpoint
+                task = self.env.task_for(seed=spec.task_seed, options=spec.options)
+            else:
+                messages, info = await run_blocking(
+                    self._reset, timeout_s=c.reset_timeout_s, name=f"{label} env.reset"
+                )
+                schemas = _tool_schemas(info)
         except Exception as exc:  # noqa: BLE001 (one episode's env failure, not the batch's)
             self.env_hung = isinstance(exc, StepTimeoutError)
             return _env_failure(exc, "building or resetting the environment")
         if isinstance(self.env, AgentEnv):
-            return await self._play_agent(info)
+            return await self._play_agent(task)
+        return await self._play_stepped(messages, schemas, label)
+
+    async def _play_stepped(
+        self, messages: Sequence[Message], schemas: Sequence[dict[str, Any]], label: str
+    ) -> _Ending:
+        """tir-rl's own loop: sample a turn, step the env with it, until the episode ends."""
+        c = self.config
         self.chat_format = self.rollout.chat_format_for(schemas)
         self.conv = conv = self.chat_format.conversation(messages)
 
@@ -290,13 +304,14 @@ class Episode:
             conv.append_messages(env_messages)
         return _Ending(RolloutStatus.TRUNCATED_MAX_TURNS)
 
-    async def _play_agent(self, info: Mapping[str, Any]) -> _Ending:
+    async def _play_agent(self, task: Task) -> _Ending:
+        """The user's agent plays `task` through the endpoint; its calls become samples."""
         from tir_rl.rollout.agent_episode import play_agent_episode
 
         t0 = time.perf_counter()
         outcome = await play_agent_episode(
             self.env,
-            info["agent_task"],
+            task,
             self.rollout.agent_server(),
             group_id=self.spec.group_id,
             episode_id=self.spec.sample_index,
@@ -449,7 +464,7 @@ class Episode:
 def _tool_schemas(info: Any) -> list[dict[str, Any]]:
     """The tools of a reset info: a ToolEnv's (it has ``tools``); none for another env."""
     if isinstance(info, Mapping) and "tools" not in info:
-        return []  # another gymnasium env, or an AgentEnv (its agent sends its own tools)
+        return []  # another gymnasium env
     return ResetInfo.from_info(info).tool_schemas
 
 

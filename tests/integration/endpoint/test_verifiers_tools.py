@@ -12,6 +12,7 @@ them one `<tool_call>` at a time before answering, in `direct` mode it answers a
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import os
 import re
@@ -126,7 +127,8 @@ def test_the_tool_keeps_its_state_across_turns_and_the_rubric_reads_it(played):
     for trajectory in played["tools"]:
         for message in trajectory.messages:
             for call in message.tool_calls:
-                assert f'<b>tool call</b> add<code>{{"amount": {call.arguments["amount"]}}}' in page
+                shown = html.escape(json.dumps(call.arguments))
+                assert f"<b>tool call</b> add<code>{shown}</code>" in page
     assert page.count("<b>tool result") == sum(t.num_tool_calls for t in played["tools"])
     records = [r for r in records_of(folder).values() if r["num_calls"] > 1]
     assert len(records) == 2
