@@ -164,6 +164,22 @@ FOLLOWS_ROLLOUT = None
 """Default of `trainer.temperature` in a run config: take `rollout.temperature`."""
 
 
+def _refuse_a_second_name(
+    key: str, given: object, unset: object, owner: str, value: object, why: str
+) -> None:
+    """Refuse `key` set to something other than `owner`'s value (`unset`: it follows `owner`).
+
+    Raises:
+        ConfigError: `given` is neither `unset` nor `value`.
+    """
+    if given == unset or given == value:
+        return
+    raise ConfigError(
+        f"{key}={given!r} differs from {owner}={value!r}: {why}, named once by {owner}. "
+        f"Set {owner}={given!r} and leave {key} unset."
+    )
+
+
 @dataclass(kw_only=True)
 class RunConfig:
     """Everything one run needs."""
@@ -272,29 +288,25 @@ class RunConfig:
 
     def _follow_model(self) -> None:
         """Point engine and trainer at `model`; refuse a different checkpoint for either."""
+        why = "the sampler and the trainer start from the same weights"
         for key, given in (
             ("engine.model_path", self.engine.model_path),
             ("trainer.model", self.trainer.model),
         ):
-            if given not in (FOLLOWS_MODEL, self.model):
-                raise ConfigError(
-                    f"{key}={given!r} differs from model={self.model!r}: the sampler and the "
-                    f"trainer start from the same weights, named once by `model`. Set "
-                    f"model={given!r} and leave {key} unset."
-                )
+            _refuse_a_second_name(key, given, FOLLOWS_MODEL, "model", self.model, why)
         self.engine = dataclasses.replace(self.engine, model_path=self.model)
         self.trainer.model = self.model
 
     def _follow_temperature(self) -> None:
         """The trainer divides its logits by the sampler's temperature, named once."""
-        given = self.trainer.temperature
-        if given not in (FOLLOWS_ROLLOUT, self.rollout.temperature):
-            raise ConfigError(
-                f"trainer.temperature={given} differs from rollout.temperature="
-                f"{self.rollout.temperature}: the trainer must divide its logits by the "
-                "sampler's temperature, named once by rollout.temperature. Set "
-                f"rollout.temperature={given} and leave trainer.temperature unset."
-            )
+        _refuse_a_second_name(
+            "trainer.temperature",
+            self.trainer.temperature,
+            FOLLOWS_ROLLOUT,
+            "rollout.temperature",
+            self.rollout.temperature,
+            "the trainer must divide its logits by the sampler's temperature",
+        )
         self.trainer.temperature = self.rollout.temperature
 
     def _follow_run_seed(self) -> None:

@@ -55,16 +55,18 @@ def _environment_default(name: str, value: str | None) -> Iterator[None]:
         os.environ.pop(name, None)
 
 
-def thread_environment(config: CpuSettings) -> contextlib.AbstractContextManager[None]:
+@contextlib.contextmanager
+def thread_environment(config: CpuSettings) -> Iterator[None]:
     """The reserved-core and thread-binding variables of `config`, for an engine's start."""
     reserved = None if config.cpu_reserved_cores is None else str(config.cpu_reserved_cores)
     bound = None
     if config.cpu_cores is not None:
         bound = format_cpu_list(parse_cpu_list(config.cpu_cores, setting="engine.cpu_cores"))
-    stack = contextlib.ExitStack()
-    stack.enter_context(_environment_default(_RESERVED_CORES_VAR, reserved))
-    stack.enter_context(_environment_default(_BOUND_CORES_VAR, bound))
-    return stack
+    with (
+        _environment_default(_RESERVED_CORES_VAR, reserved),
+        _environment_default(_BOUND_CORES_VAR, bound),
+    ):
+        yield
 
 
 def check_platform_settings(config: CpuSettings) -> None:

@@ -413,25 +413,13 @@ class Trainer:
         The counts and sums go in one collective, the metrics in `all_reduce_metrics`.
         """
         kept = corrected.loss_mask.bool()
-        loss_sum, entropy_sum = update.sums.tolist()  # the loop's one host read
-        model_tokens = int(batch.loss_mask.sum())
-        global_sums = tdist.all_reduce_tensor(
-            torch.tensor(
-                [
-                    int(kept.sum()),
-                    int(kept.any(dim=-1).sum()),
-                    model_tokens,
-                    model_tokens - int(kept.sum()),
-                    batch.num_tokens,
-                    loss_sum,
-                    entropy_sum,
-                ],
-                dtype=torch.float64,
-            )
-        ).tolist()
-        num_tokens, num_sequences, num_model_tokens, num_masked, num_computed = (
-            int(v) for v in global_sums[:5]
+        counts = [kept.sum(), kept.any(dim=-1).sum(), batch.loss_mask.sum(), batch.num_tokens]
+        local_figures = torch.cat(
+            [torch.tensor([float(c) for c in counts], dtype=torch.float64), update.sums.cpu()]
         )
+        *global_counts, loss_sum, entropy_sum = tdist.all_reduce_tensor(local_figures).tolist()
+        num_tokens, num_sequences, num_model_tokens, num_computed = map(int, global_counts)
+        num_masked = num_model_tokens - num_tokens  # the model's tokens the correction masked
         normalizer = self.loss_fn.global_normalizer(
             num_tokens=num_tokens, num_sequences=num_sequences
         )
@@ -445,13 +433,13 @@ class Trainer:
         metrics.pop(LOSS_TOKENS, None)  # the same count as train/num_loss_tokens
         metrics.update(
             {
-                "train/entropy": global_sums[6] / num_model_tokens if num_model_tokens else 0.0,
+                "train/entropy": entropy_sum / num_model_tokens if num_model_tokens else 0.0,
                 "train/num_loss_tokens": float(num_tokens),
                 "train/num_loss_sequences": float(num_sequences),
                 "train/num_masked_by_correction": float(num_masked),
             }
         )
-        return StepTotals(global_sums[5] / normalizer, grad_norm, num_tokens, num_computed, metrics)
+        return StepTotals(loss_sum / normalizer, grad_norm, num_tokens, num_computed, metrics)
 
     def _apply_or_skip(
         self, totals: StepTotals, decision: GuardDecision | None, lr: float
