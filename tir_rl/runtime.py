@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from tir_rl.chat.tokens import Tokenizer
     from tir_rl.envs.agent_env import AgentEnv
     from tir_rl.rollout import EpisodeSpec, Rollout
+    from tir_rl.rollout.agent_server import AgentServer
     from tir_rl.rollout.episode import EnvFactory
 
 logger = logging.getLogger(__name__)
@@ -93,16 +94,18 @@ class Runtime:
     engine: MeteredEngine
     """The configured engine, measuring its busy time."""
     rollout: Rollout
+    agents: AgentServer
+    """The endpoint server `AgentEnv` agents talk to (started on the first agent episode)."""
 
     def run_episodes(self, specs: Sequence[EpisodeSpec]) -> list[Trajectory]:
         """Play `specs` concurrently and return their trajectories in order."""
         return asyncio.run(self.rollout.run_batch(list(specs)))
 
     def close(self) -> None:
-        """Stop the engine and the sandbox pools."""
+        """Stop the agents' endpoint and workers, the engine and the sandbox pools."""
         from tir_rl import sandbox
 
-        self.rollout.close()
+        self.agents.close()
         self.engine.close()
         sandbox.shutdown()
 
@@ -119,19 +122,22 @@ def open_runtime(config: RunConfig) -> Iterator[Runtime]:
     from tir_rl.engine.engine_config import build_engine
     from tir_rl.models import resolve_model
     from tir_rl.rollout import Rollout
+    from tir_rl.rollout.agent_server import AgentServer
 
     model_path = resolve_model(config.model)
     sandbox.configure(config.sandbox)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     engine = MeteredEngine(build_engine(config.engine, model_path))
-    rollout = None
+    # The agents' endpoint serves the rollout's chat endpoint; it starts on the first agent
+    # episode, after `rollout` is bound below.
+    agents = AgentServer(lambda: rollout.chat_endpoint(open_on_first_call=False))
     try:
-        rollout = Rollout(engine, tokenizer, config.rollout, chat_config=config.chat)
-        runtime = Runtime(config, model_path, tokenizer, engine, rollout)
-        yield runtime
+        rollout = Rollout(
+            engine, tokenizer, config.rollout, chat_config=config.chat, agent_server=agents
+        )
+        yield Runtime(config, model_path, tokenizer, engine, rollout, agents)
     finally:
-        if rollout is not None:
-            rollout.close()
+        agents.close()
         engine.close()
         sandbox.shutdown()
 

@@ -248,3 +248,31 @@ def test_an_agent_env_is_not_a_gymnasium_env_and_picks_tasks_as_a_tool_env_reset
     assert env.task_for(seed=5, options=None).id == f"t{int(rng.integers(0, 1000))}"
     with pytest.raises(ConfigError, match="task_index"):
         env.task_for(seed=None, options={"task_index": -1})
+
+
+def test_the_agents_server_is_closed_by_whoever_made_it(tokenizer):
+    import httpx
+
+    from tir_rl.rollout.agent_server import AgentServer
+
+    def answers(url: str) -> bool:
+        try:
+            return httpx.get(f"{url}/health", timeout=5).status_code < 500
+        except httpx.TransportError:
+            return False
+
+    engine = FakeTextEngine(tokenizer, lambda request: "ok")
+    alone = Rollout(engine, tokenizer)
+    url = alone.agent_server().url
+    assert answers(url)
+    alone.close()  # a rollout built alone made its server: closing the rollout ends it
+    assert not answers(url)
+
+    owned = AgentServer(lambda: given.chat_endpoint(open_on_first_call=False))
+    given = Rollout(engine, tokenizer, agent_server=owned)
+    url = given.agent_server().url
+    assert given.agent_server() is owned.get()
+    given.close()  # not the rollout's to close: the runtime that made it closes it
+    assert answers(url)
+    owned.close()
+    assert not answers(url)

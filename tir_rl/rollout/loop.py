@@ -38,8 +38,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tir_rl.chat import ChatFormat, ChatFormatName
-from tir_rl.envs.agent_worker import close_agent_workers
 from tir_rl.errors import ConfigError
+from tir_rl.rollout.agent_server import AgentServer
 from tir_rl.rollout.episode import (
     EnvFactory,
     Episode,
@@ -66,6 +66,9 @@ class Rollout:
         chat_config: The chat format: its family (`auto`: detected from the tokenizer)
             and options (system prompt, tool block); the env's tool schemas are added per
             episode.
+        agent_server: The endpoint server `AgentEnv` agents talk to, owned and closed by the
+            caller (a run's runtime); None: the loop makes its own on the first agent
+            episode and closes it in `close`.
 
     Raises:
         ConfigError: A limit is invalid or exceeds the engine's context length.
@@ -81,6 +84,7 @@ class Rollout:
         config: Config | None = None,
         *,
         chat_config: ChatFormat.Config | None = None,
+        agent_server: AgentServer | None = None,
     ) -> None:
         self.config = config or Rollout.Config()
         self.config.validate()
@@ -98,7 +102,10 @@ class Rollout:
         """The context limit in force (the config's, or the engine's)."""
         self._formats: dict[str, ChatFormat] = {}
         self._chat_endpoint: ChatEndpoint | None = None
-        self._agent_server: EndpointServer | None = None
+        self._owns_agent_server = agent_server is None
+        self._agent_server = agent_server or AgentServer(
+            lambda: self.chat_endpoint(open_on_first_call=False)
+        )
         default_format = self.chat_format_for(())  # refuses an unsupported format up front
         self.stop_token_sequences: tuple[tuple[int, ...], ...] = ()
         """Multi-token stop sequences sent with every request."""
@@ -148,19 +155,13 @@ class Rollout:
         return self._chat_endpoint
 
     def agent_server(self) -> EndpointServer:
-        """`chat_endpoint` served on loopback for `AgentEnv` agents (started on first use)."""
-        if self._agent_server is None:
-            from tir_rl.endpoint import EndpointServer
-
-            self._agent_server = EndpointServer(self.chat_endpoint(open_on_first_call=False))
-        return self._agent_server
+        """The endpoint server `AgentEnv` agents talk to (started on first use)."""
+        return self._agent_server.get()
 
     def close(self) -> None:
-        """Stop the agents' endpoint and its agent workers, if started (idempotent)."""
-        if self._agent_server is not None:
-            close_agent_workers(self._agent_server.api_key)
+        """Stop the agents' endpoint and workers if this loop made them (idempotent)."""
+        if self._owns_agent_server:
             self._agent_server.close()
-            self._agent_server = None
 
     # ---------------------------------------------------------------------- async API
     async def run_episode(self, spec: EpisodeSpec) -> Trajectory:
