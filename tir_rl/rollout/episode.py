@@ -16,10 +16,11 @@ readable `Trajectory.error`; nothing raised here reaches the batch except cancel
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -261,19 +262,19 @@ class Episode:
             self.env = await run_blocking(
                 spec.env_factory, timeout_s=c.reset_timeout_s, name=f"{label} make env"
             )
+            play: Callable[[], Awaitable[_Ending]]
             if isinstance(self.env, AgentEnv):  # played by its agent through the endpoint
                 task = self.env.task_for(seed=spec.task_seed, options=spec.options)
-            else:
+                play = functools.partial(self._play_agent, task)
+            else:  # stepped by tir-rl's loop
                 messages, info = await run_blocking(
                     self._reset, timeout_s=c.reset_timeout_s, name=f"{label} env.reset"
                 )
-                schemas = _tool_schemas(info)
+                play = functools.partial(self._play_stepped, messages, _tool_schemas(info), label)
         except Exception as exc:  # noqa: BLE001 (one episode's env failure, not the batch's)
             self.env_hung = isinstance(exc, StepTimeoutError)
             return _env_failure(exc, "building or resetting the environment")
-        if isinstance(self.env, AgentEnv):
-            return await self._play_agent(task)
-        return await self._play_stepped(messages, schemas, label)
+        return await play()
 
     async def _play_stepped(
         self, messages: Sequence[Message], schemas: Sequence[dict[str, Any]], label: str
