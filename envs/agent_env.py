@@ -28,7 +28,7 @@ from tir_rl.errors import ConfigError
 ENDPOINT_KEY_ENV = "TIR_RL_ENDPOINT_KEY"
 """The variable that gives a `CommandAgentEnv` command the endpoint's API key."""
 
-__all__ = ["AgentEnv", "CommandAgentEnv"]
+__all__ = ["AgentEnv", "CommandAgentEnv", "ProgramAgentEnv"]
 
 
 class AgentEnv:
@@ -88,7 +88,25 @@ class AgentEnv:
         """Release what the env holds (nothing here; the rollout calls it after each episode)."""
 
 
-class CommandAgentEnv(AgentEnv):
+class ProgramAgentEnv(AgentEnv):
+    """Episodes played by a program outside the run, which owns the tasks.
+
+    The program picks a task from its index, so the task here is a placeholder that carries
+    the index; `env.kwargs.command` is the program's argv.
+    """
+
+    def generate_task(self, index: int) -> Task:
+        """A placeholder task: the program picks the real one from its index."""
+        return Task(f"{self.split.value}-{index}", "", "", self.split, 1, {"index": index})
+
+
+def check_argv(command: list[str], refusal: str) -> None:
+    """Raise `ConfigError(refusal)` unless `command` is a non-empty sequence of strings."""
+    if not command or not all(isinstance(a, str) for a in command):
+        raise ConfigError(refusal)
+
+
+class CommandAgentEnv(ProgramAgentEnv):
     """Episodes played by an external command: a harness in any language or Python environment.
 
     For each episode tir-rl runs `Config.command` with ``{base_url}``, ``{split}`` and
@@ -114,17 +132,13 @@ class CommandAgentEnv(AgentEnv):
         def validate(self) -> None:
             """Raise `ConfigError` naming the bad field."""
             super().validate()
-            if not self.command or not all(isinstance(a, str) for a in self.command):
-                raise ConfigError(
-                    "CommandAgentEnv needs env.kwargs.command: a list of strings (the argv), "
-                    "e.g. [python, play.py, '{base_url}', '{index}']"
-                )
+            check_argv(
+                self.command,
+                "CommandAgentEnv needs env.kwargs.command: a list of strings (the argv), "
+                "e.g. [python, play.py, '{base_url}', '{index}']",
+            )
 
     config: Config
-
-    def generate_task(self, index: int) -> Task:
-        """A placeholder task: the command picks the real one from its index."""
-        return Task(f"{self.split.value}-{index}", "", "", self.split, 1, {"index": index})
 
     async def agent(self, client: Any, task: Task) -> float:
         """Run the command for `task`'s index against the client's base URL; its reward."""

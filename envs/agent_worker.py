@@ -39,7 +39,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from tir_rl.envs.agent_env import ENDPOINT_KEY_ENV, AgentEnv
+from tir_rl.envs.agent_env import ENDPOINT_KEY_ENV, ProgramAgentEnv, check_argv
 from tir_rl.envs.episode import Task
 from tir_rl.errors import ConfigError
 
@@ -258,8 +258,6 @@ class AgentWorkerPool:
         self._failed_starts = [0] * size
         self._lock = threading.Lock()
         self._turn = 0
-        self.starts = 0
-        """Worker processes started so far (restarts included)."""
 
     def submit(self, request: EpisodeRequest) -> tuple[AgentWorker, concurrent.futures.Future]:
         """Send the episode to a live worker (starting one if needed)."""
@@ -288,7 +286,6 @@ class AgentWorkerPool:
                     f"{self.argv} by hand to see why. Its stderr ends: {dead.stderr_tail()}"
                 )
             dead.close(grace_s=0.5)
-        self.starts += 1
         return AgentWorker(self.argv, self.api_key)
 
     def pids(self) -> list[int]:
@@ -334,7 +331,7 @@ def _close_all() -> None:
         close_agent_workers(api_key)
 
 
-class WorkerAgentEnv(AgentEnv):
+class WorkerAgentEnv(ProgramAgentEnv):
     """Episodes played by a worker process that stays up (the protocol is the module's doc).
 
     ``env.kwargs.command`` is the worker's argv, e.g. ``[.venv-verifiers/bin/python,
@@ -343,7 +340,7 @@ class WorkerAgentEnv(AgentEnv):
     """
 
     @dataclass(kw_only=True)
-    class Config(AgentEnv.Config):
+    class Config(ProgramAgentEnv.Config):
         """Options (from the run config's `env.kwargs`)."""
 
         command: list[str] = dataclasses.field(default_factory=list)
@@ -354,19 +351,15 @@ class WorkerAgentEnv(AgentEnv):
         def validate(self) -> None:
             """Raise `ConfigError` naming the bad field."""
             super().validate()
-            if not self.command or not all(isinstance(a, str) for a in self.command):
-                raise ConfigError(
-                    "WorkerAgentEnv needs env.kwargs.command: a list of strings (the worker's "
-                    "argv), e.g. [.venv-verifiers/bin/python, examples/verifiers_env/worker.py]"
-                )
+            check_argv(
+                self.command,
+                "WorkerAgentEnv needs env.kwargs.command: a list of strings (the worker's "
+                "argv), e.g. [.venv-verifiers/bin/python, examples/verifiers_env/worker.py]",
+            )
             if self.workers < 1:
                 raise ConfigError(f"env.kwargs.workers={self.workers}: must be >= 1")
 
     config: Config
-
-    def generate_task(self, index: int) -> Task:
-        """A placeholder task: the worker picks the real one from its index."""
-        return Task(f"{self.split.value}-{index}", "", "", self.split, 1, {"index": index})
 
     async def agent(self, client: Any, task: Task) -> float:
         """Send the episode to a worker and wait for its reward."""

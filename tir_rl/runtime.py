@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -70,13 +71,13 @@ def check_env_starts(section: EnvSection, split: str) -> None:
         raise ConfigError(
             f"{what}: building the environment raised {type(exc).__name__}: {exc}. {advice}"
         ) from exc
+    if isinstance(env, AgentEnv):
+        call, first_task = "task_for(seed=0)", functools.partial(env.task_for, seed=0, options=None)
+    else:
+        call, first_task = "reset(seed=0)", functools.partial(env.reset, seed=0)
     try:
-        if isinstance(env, AgentEnv):
-            env.task_for(seed=0, options=None)
-        else:
-            env.reset(seed=0)
+        first_task()
     except Exception as exc:
-        call = "task_for(seed=0)" if isinstance(env, AgentEnv) else "reset(seed=0)"
         raise ConfigError(
             f"{what}: its {call} raised {type(exc).__name__}: {exc}. {advice}"
         ) from exc
