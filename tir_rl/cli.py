@@ -248,12 +248,20 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor",
         help="pre-flight sampler/trainer parity audit",
         epilog="examples:\n  tir-rl doctor --config configs/quickstart.yaml\n"
-        "  tir-rl doctor --config configs/quickstart.yaml --set engine.dtype=bfloat16\n",
+        "  tir-rl doctor --config configs/quickstart.yaml --set engine.dtype=bfloat16\n"
+        "  tir-rl doctor --config configs/quickstart.yaml --localize\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", required=True)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override")
     p.add_argument("--episodes", type=int, default=4, help="rollouts to measure mismatch on")
+    p.add_argument(
+        "--localize",
+        action="store_true",
+        help="instead of the audit, compare the engine's and the trainer's forward stage by "
+        "stage (embedding, each layer's attention and MLP, logits, logprobs) and name where "
+        "they first diverge (a local engine only)",
+    )
     p.set_defaults(func=commands.cmd_doctor)
 
     p = sub.add_parser(

@@ -290,6 +290,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     config = load(RunConfig, args.config, args.set)
     _route_library_output(args, _command_log("doctor"))
+    if args.localize:
+        from tir_rl.doctor import run_localize
+
+        print(run_localize(config).table())
+        return 0
     findings = run_doctor(config, num_episodes=args.episodes)
     print(format_findings(findings))
     return 1 if any(f.verdict is Verdict.FAIL for f in findings) else 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from tir_rl.config_audit import Finding, Verdict, static_findings
 from tir_rl.engine.reaping import EngineProcess, reap_leftovers
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from tir_rl.engine.base import Engine
     from tir_rl.engine.parity import InferencePathReport
     from tir_rl.mismatch.injection import MismatchInjection
+    from tir_rl.mismatch.localize import Localization
 
 # Sampler vs trainer gaps on this kind of machine (docs/machine-facts): fp32 vLLM CPU gives
 # max |Δ| ~6e-5; bf16 gives ~0.3. Above WARN the correction matters; above FAIL it is a bug.
@@ -237,6 +238,49 @@ def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
             )
         )
     return findings
+
+
+def run_localize(config: RunConfig) -> Localization:
+    """`tir-rl doctor --localize`: where in the network the run's sampler leaves the trainer.
+
+    The engine gets what training would send it (injected weights included). Under
+    `inject.sync_every > 1` the trainer is compared after one step of perturbed weights
+    whose sync the rule skips, as a stale engine would be.
+    """
+    from tir_rl.engine.engine_config import EngineKind
+    from tir_rl.engine.parity import DEFAULT_SAMPLED_PROBE_PROMPT, probe_ids_from_text
+    from tir_rl.engine.vllm_local import VLLMLocalEngine
+    from tir_rl.errors import ConfigError
+    from tir_rl.mismatch.injection import MismatchInjection
+    from tir_rl.mismatch.localize import localize
+    from tir_rl.runtime import open_runtime
+    from tir_rl.trainer import Trainer
+
+    if config.engine.kind is not EngineKind.LOCAL:
+        raise ConfigError(
+            "doctor --localize hooks the engine's modules inside its worker, which only a "
+            "local engine lets tir-rl reach: run it with --set engine.kind=local (same model "
+            "and engine settings) on a machine that can hold the model"
+        )
+    injection = MismatchInjection(config.inject)
+    with open_runtime(config) as runtime:
+        engine = cast(VLLMLocalEngine, runtime.engine.inner)  # engine.kind local
+        trainer = Trainer(config.trainer)
+        model = trainer.model.merge_and_unload() if trainer.lora_enabled else trainer.model
+        state = trainer.rank0_full_state_dict()
+        if injection.transforms_weights:
+            asyncio.run(engine.update_weights(injection.sampler_state(state, 0, force=True)))
+        if not injection.syncs_after(1):
+            model = _perturbed_copy(model)  # the trainer one step on; the engine kept step 0
+        return asyncio.run(
+            localize(
+                engine,
+                model,
+                probe_ids_from_text(runtime.tokenizer),
+                prompt_ids=probe_ids_from_text(runtime.tokenizer, DEFAULT_SAMPLED_PROBE_PROMPT),
+                temperature=config.rollout.temperature,
+            )
+        )
 
 
 async def engine_findings(

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from tir_rl import console
 from tir_rl.cpu_cores import parse_cpu_list
-from tir_rl.engine import cpu_platform
+from tir_rl.engine import cpu_platform, layer_capture
 from tir_rl.engine._loop import LoopThread
 from tir_rl.engine.base import (
     FinishReason,
@@ -223,6 +223,7 @@ class VLLMLocalEngine(SingleEngine):
             max_num_seqs=c.max_num_seqs,
             disable_log_stats=True,
             weight_transfer_config=_weight_transfer_config(c.weight_transfer),
+            worker_extension_cls=layer_capture.WORKER_EXTENSION,
             **({} if block_size is None else {"block_size": block_size}),
             **({} if c.max_num_batched_tokens is None else {
                 "max_num_batched_tokens": c.max_num_batched_tokens
@@ -398,6 +399,20 @@ class VLLMLocalEngine(SingleEngine):
             raise EngineError(f"prompt logprobs {request_id}: vLLM returned none")
         entries = final.prompt_logprobs[1:]
         return [entry[tok].logprob for entry, tok in zip(entries, token_ids[1:], strict=True)]
+
+    async def capture_forward(
+        self, token_ids: Sequence[int], names: Sequence[str]
+    ) -> layer_capture.ForwardCapture:
+        """What the modules `names` output while an idle engine prefills `token_ids`."""
+        self._check_open()
+        return await self._loop.run(
+            layer_capture.capture_forward(self._llm, self._prompt_logprobs, token_ids, names)
+        )
+
+    async def weight_samples(self, stride: int) -> dict[str, layer_capture.WeightSample]:
+        """Every parameter's shape and every `stride`-th value, as the engine holds them."""
+        self._check_open()
+        return await self._loop.run(layer_capture.weight_samples(self._llm, stride))
 
     async def update_weights(
         self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None

@@ -1,4 +1,5 @@
-"""`engine_findings` names each injected mismatch cause, and stays green without one.
+"""`engine_findings` and the localizer name each injected mismatch cause, and stay green
+without one.
 
 Real vLLM-CPU on the tiny model, the transformers fp32 model as the trainer. Each cause is
 injected through `MismatchInjection`, the way a training run would inject it.
@@ -13,6 +14,7 @@ import pytest
 from tir_rl.doctor import Verdict, engine_findings
 from tir_rl.engine import VLLMLocalEngine
 from tir_rl.mismatch.injection import MismatchInjection
+from tir_rl.mismatch.localize import localize
 
 pytestmark = pytest.mark.vllm
 
@@ -96,7 +98,9 @@ def test_raw_logprobs_at_a_temperature_other_than_one_are_named(
     injection = MismatchInjection(MismatchInjection.Config(raw_logprobs=True))
     with VLLMLocalEngine(engine_config(tiny_model_path, injection)) as raw_engine:
         findings = diagnose(raw_engine, hf_model, probe_ids, injection)
+        located = locate(raw_engine, hf_model, probe_ids)
     assert flagged(findings) == {"sampled logprobs", "raw vs processed logprobs"}
+    assert located.first_divergence.role == "sampled logprobs", located.table()
     assert findings["raw vs processed logprobs"].verdict is Verdict.FAIL
     assert "processed_logprobs" in findings["raw vs processed logprobs"].fix
 
@@ -121,3 +125,62 @@ def test_prefix_cache_hits_and_batching_leave_fp32_logprobs_unchanged(
     cached = re.search(r"\((\d+) of (\d+) tokens cached", findings[PATH_CHECK].detail)
     assert cached and int(cached[1]) >= 2 * config.block_size, findings[PATH_CHECK].detail
     assert flagged(findings) == set(), {k: f.detail for k, f in findings.items()}
+
+
+# The localizer on the same causes: it must name the place each one enters.
+
+
+def locate(engine, model, probe_ids, temperature=TEMPERATURE):
+    return asyncio.run(
+        localize(engine, model, probe_ids, prompt_ids=PROMPT, temperature=temperature)
+    )
+
+
+def test_the_localizer_finds_no_divergence_in_a_faithful_fp32_engine(
+    engine, hf_model, probe_ids, trainer_state
+):
+    report = locate(engine, hf_model, probe_ids)
+    assert report.first_divergence is None, report.table()
+    assert report.stages[0].name == "model.embed_tokens"
+    assert [s.role for s in report.stages[-3:]] == ["logits", "prompt logprobs", "sampled logprobs"]
+
+
+def test_the_localizer_names_the_tied_embedding_rounded_to_bf16(
+    engine, hf_model, probe_ids, trainer_state
+):
+    injection = MismatchInjection(MismatchInjection.Config(lm_head_dtype="bfloat16"))
+    asyncio.run(engine.update_weights(injection.sampler_state(trainer_state, 0, force=True)))
+    report = locate(engine, hf_model, probe_ids)
+    first = report.first_divergence
+    assert first is not None and first.name == "model.embed_tokens", report.table()
+    assert first.engine_dtype == "float32"
+    assert [w.rounded_to for w in first.weights_differ] == ["bfloat16"]
+
+
+@pytest.mark.parametrize("where", ["model.layers.0.self_attn", "model.layers.1.mlp"])
+def test_the_localizer_names_the_module_a_stale_engine_holds_old_weights_of(
+    engine, hf_model, probe_ids, trainer_state, where
+):
+    """The trainer stepped one module's weights; the engine missed the sync."""
+    import copy
+
+    import torch
+
+    stepped = copy.deepcopy(hf_model)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in dict(stepped.named_modules())[where].parameters():
+            param.add_(0.05 * param.std() * torch.randn(param.shape, generator=gen))
+    report = locate(engine, stepped, probe_ids)
+    assert report.first_divergence is not None, report.table()
+    assert report.first_divergence.name == where, report.table()
+
+
+def test_the_localizer_names_a_bf16_sampler_by_its_dtype(tiny_model_path, hf_model, probe_ids):
+    injection = MismatchInjection(MismatchInjection.Config(sampler_dtype="bfloat16"))
+    with VLLMLocalEngine(engine_config(tiny_model_path, injection)) as bf16_engine:
+        report = locate(bf16_engine, hf_model, probe_ids)
+    first = report.first_divergence
+    assert first is not None and first.name == "model.embed_tokens", report.table()
+    assert (first.engine_dtype, first.trainer_dtype) == ("bfloat16", "float32")
+    assert "computes in bfloat16" in report.diagnosis

@@ -1,0 +1,406 @@
+"""Locate sampler/trainer mismatch: the same tokens through both models, stage by stage.
+
+The engine's stages come from vLLM's own forward (forward hooks installed in its worker
+through `engine.layer_capture`); the trainer's from the same hooks on its transformers model.
+Both see the probe's token ids, so each stage's gap is measured on equal inputs up to what
+the earlier stages already moved::
+
+    embedding ─► [input norm ─► attention ─► post-attention norm ─► MLP] x layers
+              ─► final norm ─► logits ─► prompt logprobs ─► sampled logprobs at T
+
+A stage *diverges* when its relative gap ‖engine − trainer‖ / ‖trainer‖ exceeds the
+tolerance of the trainer's dtype (the reference). The first diverging stage is where the
+mismatch enters; `Localization.diagnosis` says what kind it is, from what the stage shows:
+
+- its weights differ (where the engine can show them: embeddings and norms; vLLM-CPU
+  repacks linear weights into its kernel layout): the engine holds the trainer's weights
+  rounded to a lower precision, or other values altogether (a stale or transformed sync);
+- its dtype differs: the engine computes in another precision;
+- only the sampled logprobs differ: the sampler processes logits into logprobs otherwise
+  than the trainer (`logprobs_mode`, temperature);
+- none of these: the computation itself differs (kernel, epsilon, rotary, attention).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from tir_rl.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+    from tir_rl.engine.layer_capture import ForwardCapture, WeightSample
+    from tir_rl.engine.vllm_local import VLLMLocalEngine
+
+StageRole = Literal[
+    "embedding", "norm", "attention", "mlp", "final norm", "logits", "prompt logprobs",
+    "sampled logprobs",
+]  # fmt: skip
+MODULE_ROLES: dict[str, StageRole] = {
+    "embed_tokens": "embedding",
+    "input_layernorm": "norm",
+    "self_attn": "attention",
+    "post_attention_layernorm": "norm",
+    "mlp": "mlp",
+    "norm": "final norm",
+}
+"""Last component of a module name -> its stage. Hugging Face Llama-family names, which
+vLLM's implementations of those models keep; other modules (a decoder layer's own output,
+activation functions) mean different tensors on the two sides and are not compared."""
+TOLERANCES = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 4e-3}
+"""Relative gap above which a stage diverges, by the trainer's dtype: far above what
+rounding alone accumulates through the bundled model in that dtype (measured, see
+docs/mismatch.md), far below one rounding of a tensor to the next coarser dtype."""
+WEIGHT_STRIDE = 97
+"""Every 97th element of each parameter is compared (prime: no alignment with rows)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightGap:
+    """How the engine's copy of one parameter differs from the trainer's (on a sample)."""
+
+    name: str
+    max_abs_diff: float
+    rounded_to: str | None
+    """A dtype such that the engine's copy equals the trainer's rounded to it, when it
+    differs that way; None when equal or differing otherwise."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageGap:
+    """One stage of the forward: how far the engine's output is from the trainer's."""
+
+    name: str
+    """The module name, or the stage's name after the model."""
+    role: StageRole
+    engine_dtype: str
+    trainer_dtype: str
+    relative_gap: float
+    """‖engine − trainer‖₂ / ‖trainer‖₂ over the stage's whole output."""
+    max_abs_diff: float
+    weights: tuple[WeightGap, ...] = ()
+    """The stage's own parameters the engine can show, compared."""
+
+    @property
+    def weights_differ(self) -> tuple[WeightGap, ...]:
+        """The stage's weights whose engine copy is not the trainer's."""
+        return tuple(w for w in self.weights if w.max_abs_diff > 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Localization:
+    """Every stage's gap, in forward order, and where the mismatch enters."""
+
+    stages: tuple[StageGap, ...]
+    tolerance: float
+    temperature: float
+    num_tokens: int
+    """Probe tokens the hidden stages compare."""
+    unreadable_weights: int
+    """Engine parameters whose values cannot be read back (vLLM-CPU's repacked linears)."""
+
+    @property
+    def first_divergence(self) -> StageGap | None:
+        """The first stage whose gap exceeds the tolerance: where the mismatch enters."""
+        return next((s for s in self.stages if s.relative_gap > self.tolerance), None)
+
+    @property
+    def largest_jump(self) -> StageGap | None:
+        """The stage that multiplies the gap it receives the most (the earliest among ties)."""
+        best, best_ratio, previous = None, 1.0, 0.0
+        for stage in self.stages:
+            if stage.role == "sampled logprobs":
+                continue  # other tokens than the probe's: not a step of the same chain
+            ratio = stage.relative_gap / max(previous, self.tolerance * 1e-3)
+            if ratio > best_ratio:
+                best, best_ratio = stage, ratio
+            previous = stage.relative_gap
+        return best
+
+    @property
+    def diagnosis(self) -> str:
+        """One sentence: where the mismatch enters and of what kind."""
+        stage = self.first_divergence
+        if stage is None:
+            return (
+                f"no stage diverges: every gap is within {self.tolerance:g} of the trainer "
+                f"(the largest, {max(s.relative_gap for s in self.stages):.2e}, is rounding)"
+            )
+        where = f"{stage.name} ({stage.role}, relative gap {stage.relative_gap:.2e})"
+        differ = stage.weights_differ
+        rounded = [w for w in differ if w.rounded_to is not None]
+        if stage.engine_dtype != stage.trainer_dtype:
+            held = " (it holds the trainer's weights rounded to it)" if rounded else ""
+            return (
+                f"the mismatch enters at {where}: the engine computes in {stage.engine_dtype}, "
+                f"the trainer in {stage.trainer_dtype}{held}"
+            )
+        if rounded:
+            return (
+                f"the mismatch enters at {where}: the engine holds the trainer's "
+                f"{rounded[0].name} rounded to {rounded[0].rounded_to}"
+            )
+        if differ:
+            return (
+                f"the mismatch enters at {where}: the engine holds other values of "
+                f"{differ[0].name} than the trainer (max |Δ| {differ[0].max_abs_diff:.2e}): a "
+                "stale sync, or the sync transforms the weights"
+            )
+        if stage.role == "sampled logprobs":
+            return (
+                f"the mismatch enters at {where}: hidden states, logits and prompt logprobs "
+                "agree, so the sampler turns logits into logprobs otherwise than the trainer "
+                f"at temperature {self.temperature:g} (engine.logprobs_mode must be "
+                "processed_logprobs; the trainer must use the sampling temperature)"
+            )
+        return (
+            f"the mismatch enters at {where}: its weights and dtype agree (where readable: "
+            f"{self.unreadable_weights} engine parameters are not), so its computation "
+            "differs (a kernel, an epsilon, rotary embeddings, attention), or weights the "
+            "engine cannot show"
+        )
+
+    def table(self) -> str:
+        """The stages as an aligned text table, the diverging ones marked."""
+        first = self.first_divergence
+        rows = [("stage", "role", "engine", "trainer", "rel. gap", "max |Δ|", "weights")]
+        for s in self.stages:
+            weights = ", ".join(
+                f"{w.name.rsplit('.', 2)[-2]} Δ{w.max_abs_diff:.1e}"
+                + (f" (= {w.rounded_to})" if w.rounded_to else "")
+                for w in s.weights_differ
+            )
+            mark = " <" if s is first else (" *" if s.relative_gap > self.tolerance else "")
+            rows.append((
+                s.name + mark, s.role, s.engine_dtype, s.trainer_dtype,
+                f"{s.relative_gap:.2e}", f"{s.max_abs_diff:.2e}", weights or "-",
+            ))  # fmt: skip
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+        return "\n".join([
+            *lines,
+            f"< first stage over the tolerance {self.tolerance:g}; * later ones",
+            self.diagnosis,
+        ])  # fmt: skip
+
+
+def stage_modules(model: Any) -> list[str]:
+    """The names of `model`'s modules that are compared stages, in definition order."""
+    return [
+        name
+        for name, _ in model.named_modules()
+        if name and name.rsplit(".", 1)[-1] in MODULE_ROLES and "." in name
+    ]
+
+
+def trainer_forward(
+    model: Any, token_ids: Sequence[int], names: Sequence[str]
+) -> tuple[list[str], dict[str, torch.Tensor], torch.Tensor]:
+    """The trainer model's outputs of `names` and its logits `[T - 1, V]` for `token_ids`.
+
+    Returns the names in the order their modules ran, the outputs `[T, ...]` and the logits
+    at positions 0..T-2 (each predicts the next token).
+    """
+    import torch
+
+    modules = dict(model.named_modules())
+    order: list[str] = []
+    outputs: dict[str, torch.Tensor] = {}
+
+    def keeper(name: str) -> Any:
+        def hook(_module: Any, _inputs: Any, output: Any) -> None:
+            tensor = output[0] if isinstance(output, tuple) else output
+            outputs[name] = tensor.detach()[0]  # batch of one
+            order.append(name)
+
+        return hook
+
+    handles = [modules[name].register_forward_hook(keeper(name)) for name in names]
+    try:
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=model.device)
+        with torch.no_grad():
+            logits = model(ids).logits[0, :-1]
+    finally:
+        for handle in handles:
+            handle.remove()
+    return order, outputs, logits
+
+
+async def localize(
+    engine: VLLMLocalEngine,
+    model: Any,
+    probe_ids: Sequence[int],
+    *,
+    prompt_ids: Sequence[int],
+    temperature: float,
+    tolerance: float | None = None,
+    num_samples: int = 2,
+    max_tokens: int = 16,
+) -> Localization:
+    """Compare the engine's forward with the trainer model's, stage by stage.
+
+    Args:
+        engine: an idle local vLLM engine (started by tir-rl, eager: hooks do not fire in a
+            compiled graph), holding the weights the run would send it.
+        model: the trainer's transformers causal LM (the reference); not modified.
+        probe_ids: the tokens both models prefill (`parity.probe_ids_from_text`).
+        prompt_ids: the prompt the sampled stage continues (short: a seeded chunked
+            prefill kills vLLM-CPU 0.32's engine).
+        temperature: the run's sampling temperature (the sampled stage's).
+        tolerance: the relative gap above which a stage diverges; None: `TOLERANCES` at the
+            trainer's dtype.
+        num_samples: seeded continuations of `prompt_ids` in the sampled stage.
+        max_tokens: tokens per continuation.
+    """
+    names = stage_modules(model)
+    if not names:
+        raise ConfigError(
+            f"{type(model).__name__} has no module named {', '.join(MODULE_ROLES)}: the "
+            "localizer compares Llama-family models (Hugging Face module names) only"
+        )
+    trainer_dtype = _dtype_name(next(model.parameters()).dtype)
+    if tolerance is None:
+        tolerance = TOLERANCES.get(trainer_dtype, TOLERANCES["bfloat16"])
+    order, trainer_out, trainer_logits = trainer_forward(model, probe_ids, names)
+    captured = await engine.capture_forward(probe_ids, order)
+    samples = await engine.weight_samples(WEIGHT_STRIDE)
+    trainer_weights = _trainer_weight_samples(model)
+    stages = [
+        _stage(name, MODULE_ROLES[name.rsplit(".", 1)[-1]], captured.outputs[name],
+               trainer_out[name], _weights_of(name, samples, trainer_weights))
+        for name in order
+    ]  # fmt: skip
+    head = "lm_head" if "lm_head.weight" in samples else "model.embed_tokens"
+    stages.append(_stage("logits", "logits", captured.logits, trainer_logits,
+                         _weights_of(head, samples, trainer_weights)))  # fmt: skip
+    stages.append(_prompt_logprob_stage(captured, trainer_logits, probe_ids))
+    stages.append(
+        await _sampled_stage(engine, model, prompt_ids, temperature, num_samples, max_tokens)
+    )
+    unreadable = sum(1 for s in samples.values() if math.prod(s.shape) == 0)
+    return Localization(
+        stages=tuple(stages),
+        tolerance=tolerance,
+        temperature=temperature,
+        num_tokens=len(probe_ids),
+        unreadable_weights=unreadable,
+    )
+
+
+def _stage(
+    name: str, role: StageRole, engine_out: torch.Tensor, trainer_out: torch.Tensor,
+    weights: tuple[WeightGap, ...] = (),
+) -> StageGap:  # fmt: skip
+    if engine_out.shape != trainer_out.shape:
+        raise ConfigError(
+            f"{name}: the engine's output has shape {tuple(engine_out.shape)}, the trainer's "
+            f"{tuple(trainer_out.shape)}: the two models are not the same architecture"
+        )
+    e, t = engine_out.double(), trainer_out.double()
+    diff = e - t
+    return StageGap(
+        name=name,
+        role=role,
+        engine_dtype=_dtype_name(engine_out.dtype),
+        trainer_dtype=_dtype_name(trainer_out.dtype),
+        relative_gap=float(diff.norm() / t.norm().clamp_min(1e-30)),
+        max_abs_diff=float(diff.abs().max()),
+        weights=weights,
+    )
+
+
+def _prompt_logprob_stage(
+    captured: ForwardCapture, trainer_logits: torch.Tensor, probe_ids: Sequence[int]
+) -> StageGap:
+    import torch
+
+    targets = torch.tensor(list(probe_ids[1:]), dtype=torch.long, device=trainer_logits.device)
+    trainer = torch.log_softmax(trainer_logits.float(), -1).gather(-1, targets[:, None])[:, 0]
+    engine = torch.tensor(captured.prompt_logprobs, dtype=torch.float64)
+    stage = _stage("prompt logprobs", "prompt logprobs", engine, trainer.cpu())
+    return _with_dtypes(stage, captured.logits.dtype, trainer_logits.dtype)
+
+
+async def _sampled_stage(
+    engine: VLLMLocalEngine,
+    model: Any,
+    prompt_ids: Sequence[int],
+    temperature: float,
+    num_samples: int,
+    max_tokens: int,
+) -> StageGap:
+    import asyncio
+
+    import torch
+
+    from tir_rl.engine.base import GenerateRequest
+    from tir_rl.engine.parity import transformers_logprobs
+
+    results = await asyncio.gather(*(
+        engine.generate(GenerateRequest(
+            prompt_token_ids=list(prompt_ids), max_tokens=max_tokens,
+            temperature=temperature, seed=seed,
+        ))
+        for seed in range(num_samples)
+    ))  # fmt: skip
+    engine_lp: list[float] = []
+    trainer_lp: list[float] = []
+    for result in results:
+        full = [*prompt_ids, *result.token_ids]
+        want = transformers_logprobs(model, full, temperature=temperature)
+        engine_lp += [float(x) for x in result.logprobs]
+        trainer_lp += want[len(prompt_ids) - 1 :].tolist()
+    stage = _stage(
+        f"sampled logprobs (T={temperature:g})", "sampled logprobs",
+        torch.tensor(engine_lp, dtype=torch.float64), torch.tensor(trainer_lp, dtype=torch.float64),
+    )  # fmt: skip
+    trainer_dtype = next(model.parameters()).dtype
+    return StageGap(**{**stage.__dict__, "engine_dtype": engine.model_info.dtype,
+                       "trainer_dtype": _dtype_name(trainer_dtype)})  # fmt: skip
+
+
+def _with_dtypes(stage: StageGap, engine: torch.dtype, trainer: torch.dtype) -> StageGap:
+    return StageGap(**{**stage.__dict__, "engine_dtype": _dtype_name(engine),
+                       "trainer_dtype": _dtype_name(trainer)})  # fmt: skip
+
+
+def _trainer_weight_samples(model: Any) -> dict[str, torch.Tensor]:
+    return {
+        name: param.detach().reshape(-1)[::WEIGHT_STRIDE].cpu()
+        for name, param in model.named_parameters()
+    }
+
+
+def _weights_of(
+    module: str, engine: dict[str, WeightSample], trainer: dict[str, torch.Tensor]
+) -> tuple[WeightGap, ...]:
+    gaps = []
+    for name, sample in engine.items():
+        if not name.startswith(module + ".") or name.count(".") != module.count(".") + 1:
+            continue  # the module's own parameters only
+        want = trainer.get(name)
+        if want is None or math.prod(sample.shape) == 0 or sample.values.shape != want.shape:
+            continue
+        gaps.append(_weight_gap(name, sample.values, want))
+    return tuple(gaps)
+
+
+def _weight_gap(name: str, engine: torch.Tensor, trainer: torch.Tensor) -> WeightGap:
+    import torch
+
+    gap = float((engine.double() - trainer.double()).abs().max())
+    rounded_to = None
+    if gap > 0:
+        for dtype in (torch.bfloat16, torch.float16):
+            if torch.equal(trainer.to(dtype).double(), engine.double()):
+                rounded_to = _dtype_name(dtype)
+                break
+    return WeightGap(name=name, max_abs_diff=gap, rounded_to=rounded_to)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
