@@ -271,7 +271,7 @@ def run_localize(config: RunConfig) -> Localization:
         if injection.transforms_weights:
             asyncio.run(engine.update_weights(injection.sampler_state(state, 0, force=True)))
         if not injection.syncs_after(1):
-            model = _perturbed_copy(model)  # the trainer one step on; the engine kept step 0
+            model = stepped_copy(model)  # the trainer one step on; the engine kept step 0
         return asyncio.run(
             localize(
                 engine,
@@ -452,7 +452,7 @@ async def _weight_sync_finding(
     from tir_rl.engine.parity import probe_parity
 
     check = "weight sync"
-    perturbed = _perturbed_copy(model)
+    perturbed = stepped_copy(model)
     state = {k: v.detach() for k, v in model.state_dict().items()}
     new_state = {k: v.detach() for k, v in perturbed.state_dict().items()}
     sent = injection.sampler_state(new_state, 1)  # the sync after the first optimizer step
@@ -479,7 +479,11 @@ async def _weight_sync_finding(
     )  # fmt: skip
 
 
-def _perturbed_copy(model: Any) -> Any:
+def stepped_copy(model: Any) -> Any:
+    """A copy of the trainer as after an optimizer step (seeded).
+
+    Every matrix moves by `SYNC_PERTURBATION` x its std x N(0, 1); the norms' gains stay.
+    """
     import copy
 
     import torch

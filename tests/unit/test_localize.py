@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tir_rl.engine.base import GenerateRequest, GenerateResult
-from tir_rl.engine.layer_capture import ForwardCapture, WeightSample
+from tir_rl.engine.layer_capture import LOGITS_MODULE, ForwardCapture, ModuleInputs, WeightSample
 from tir_rl.errors import ConfigError
 from tir_rl.mismatch.localize import (
     Localization,
@@ -53,9 +53,21 @@ class FakeCaptureEngine:
         self.model_info = FakeModelInfo(str(next(model.parameters()).dtype).split(".")[-1])
 
     async def capture_forward(self, token_ids, names) -> ForwardCapture:
-        _, outputs, logits = trainer_forward(self.model, token_ids, names)
+        forward = trainer_forward(self.model, token_ids, names)
+        logits = forward.logits
         lp = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(token_ids[1:])[:, None])
-        return ForwardCapture(outputs=outputs, logits=logits, prompt_logprobs=lp[:, 0].tolist())
+
+        def tensors_of(call):
+            args, kwargs = call
+            keep = {k: v[0] for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
+            return ModuleInputs(args=tuple(a[0] for a in args), kwargs=keep)
+
+        inputs = {name: tensors_of(call) for name, call in forward.calls.items()}
+        final = forward.outputs["model.norm"][:-1]
+        inputs[LOGITS_MODULE] = ModuleInputs(args=(None, final), kwargs={})
+        return ForwardCapture(
+            outputs=forward.outputs, inputs=inputs, logits=logits, prompt_logprobs=lp[:, 0].tolist()
+        )
 
     async def weight_samples(self, stride) -> dict[str, WeightSample]:
         return {
@@ -103,10 +115,11 @@ def test_stages_follow_the_forward_and_skip_modules_that_mean_different_tensors(
     assert "model.layers.1.mlp" in names and "model.layers.0.self_attn" in names
     assert not any(n.endswith(("act_fn", "o_proj", "rotary_emb")) for n in names)
     assert "model.layers.0" not in names  # a decoder layer's output: vLLM returns a part of it
-    order, outputs, logits = trainer_forward(model, PROBE, names)
+    forward = trainer_forward(model, PROBE, names)
+    order = forward.order
     assert order.index("model.layers.0.self_attn") < order.index("model.layers.0.mlp")
-    assert outputs["model.layers.1.mlp"].shape == (len(PROBE), 16)
-    assert logits.shape == (len(PROBE) - 1, 96)
+    assert forward.outputs["model.layers.1.mlp"].shape == (len(PROBE), 16)
+    assert forward.logits.shape == (len(PROBE) - 1, 96)
 
 
 def test_the_same_model_on_both_sides_diverges_nowhere():
@@ -114,7 +127,7 @@ def test_the_same_model_on_both_sides_diverges_nowhere():
     report = run(FakeCaptureEngine(copy.deepcopy(model)), model)
     assert report.first_divergence is None
     hidden = [s for s in report.stages if s.role not in ("prompt logprobs", "sampled logprobs")]
-    assert all(s.relative_gap == 0 for s in hidden), report.table()
+    assert all(s.relative_gap == 0 and s.own_gap == 0 for s in hidden), report.table()
     assert [s.role for s in report.stages[-3:]] == ["logits", "prompt logprobs", "sampled logprobs"]
     assert "no stage diverges" in report.diagnosis
 
@@ -129,6 +142,9 @@ def test_a_weight_changed_in_one_module_is_named_there_and_nowhere_earlier(where
     report = run(FakeCaptureEngine(perturbed(model, where)), model)
     assert report.first_divergence is not None and report.first_divergence.name == where
     assert f"enters at {where}" in report.diagnosis
+    # run on the engine's own input, every other stage gives the engine's output bit for bit
+    own = [s.name for s in report.stages if s.own_gap]
+    assert own == [where], report.table()
 
 
 def test_a_rounded_tied_embedding_is_named_as_the_trainers_weights_rounded():

@@ -9,9 +9,11 @@ here runs unless called: no hook is installed until `tir_rl_capture_start`.
     prompt-logprobs request ─────►     vLLM's own forward (its kernels, its batch) fills them
     capture_stop(path)    ── rpc ──►   hooks removed, outputs saved to path (torch.save)
 
-A hook keeps the first tensor a module returns (vLLM's fused RMSNorm returns the normed
-states and the residual), in the engine's dtype. The tensors travel through an owner-only
-file rather than the RPC reply, which vLLM serialises for small control messages.
+A pre-hook copies the tensors each module is called with (before the call: vLLM's fused
+add-RMSNorm updates its inputs in place), and a hook keeps the first tensor it returns
+(that fused norm returns the normed states and the residual), in the engine's dtype. The
+tensors travel through an owner-only file rather than the RPC reply, which vLLM
+serialises for small control messages.
 """
 
 from __future__ import annotations
@@ -34,11 +36,26 @@ LOGITS_MODULE = "logits_processor"
 
 
 @dataclass(frozen=True, kw_only=True)
+class ModuleInputs:
+    """The tensors one module call received (the others are None / left out)."""
+
+    args: tuple[torch.Tensor | None, ...]
+    kwargs: dict[str, torch.Tensor]
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor input, positional first."""
+        return [a for a in self.args if a is not None] + list(self.kwargs.values())
+
+
+@dataclass(frozen=True, kw_only=True)
 class ForwardCapture:
     """What the engine computed for one prompt, module by module."""
 
     outputs: dict[str, torch.Tensor]
     """Module name -> its output `[T, ...]` for the T prompt tokens, in the engine's dtype."""
+    inputs: dict[str, ModuleInputs]
+    """Module name -> the tensors it was called with (copied before the call); the logits
+    module's are those of its call for the prompt positions."""
     logits: torch.Tensor
     """`[T - 1, V]`: the logits at positions 0..T-2, from which the prompt logprobs come."""
     prompt_logprobs: list[float]
@@ -98,8 +115,8 @@ async def capture_forward(
             path = str(Path(folder) / "capture.pt")
             await llm.collective_rpc("tir_rl_capture_stop", args=(path,))
             store = _load(path) if not missing else {}
-    outputs = {name: _one_forward(name, store[name], len(ids)) for name in names}
-    prompt_rows = [t for t in store[LOGITS_MODULE] if t.shape[0] == len(ids) - 1]
+    calls = {name: _one_call(name, store[name], len(ids)) for name in names}
+    prompt_rows = [c for c in store[LOGITS_MODULE] if c["output"].shape[0] == len(ids) - 1]
     if len(prompt_rows) != 1:
         raise EngineError(
             f"captured {len(store[LOGITS_MODULE])} logits calls, none with exactly one row per "
@@ -107,7 +124,15 @@ async def capture_forward(
             "the prompt was prefilled in chunks. Capture on an idle engine, with a prompt "
             "shorter than engine.max_num_batched_tokens."
         )
-    return ForwardCapture(outputs=outputs, logits=prompt_rows[0], prompt_logprobs=logprobs)
+    return ForwardCapture(
+        outputs={name: call["output"] for name, call in calls.items()},
+        inputs={
+            name: ModuleInputs(args=tuple(call["args"]), kwargs=call["kwargs"])
+            for name, call in [*calls.items(), (LOGITS_MODULE, prompt_rows[0])]
+        },
+        logits=prompt_rows[0]["output"],
+        prompt_logprobs=logprobs,
+    )
 
 
 async def weight_samples(llm: Any, stride: int) -> dict[str, WeightSample]:
@@ -125,21 +150,21 @@ def _load(path: str) -> Any:
     return torch.load(path, weights_only=True)
 
 
-def _one_forward(name: str, calls: list[torch.Tensor], num_tokens: int) -> torch.Tensor:
-    import torch
-
+def _one_call(name: str, calls: list[dict[str, Any]], num_tokens: int) -> dict[str, Any]:
     if not calls:
         raise EngineError(
             f"the engine never ran {name} during the capture: its forward is compiled "
             "(hooks do not fire in a captured graph). Localize with engine.enforce_eager=true."
         )
-    out = torch.cat(calls) if len(calls) > 1 else calls[0]
-    if out.shape[0] != num_tokens:
+    rows = [call["output"].shape[0] for call in calls]
+    if rows != [num_tokens]:
         raise EngineError(
-            f"{name} gave {out.shape[0]} rows for a {num_tokens}-token prompt: another "
-            "request ran during the capture. Capture on an idle engine."
+            f"{name} ran {len(calls)} times ({rows} rows) for one {num_tokens}-token prompt: "
+            "another request ran during the capture, or the prompt was prefilled in chunks. "
+            "Capture on an idle engine, with a prompt shorter than "
+            "engine.max_num_batched_tokens."
         )
-    return out
+    return calls[0]
 
 
 class LayerCapture:
@@ -154,18 +179,25 @@ class LayerCapture:
         modules = dict(self.get_model().named_modules())  # type: ignore[attr-defined]
         self.tir_rl_capture_abort()
         found = [name for name in names if name in modules]
-        store: dict[str, list[torch.Tensor]] = {name: [] for name in found}
+        store: dict[str, list[dict[str, Any]]] = {name: [] for name in found}
         self._tir_rl_store = store
-        self._tir_rl_hooks = [
-            modules[name].register_forward_hook(_keeper(store[name])) for name in found
-        ]
+        self._tir_rl_hooks = []
+        for name in found:
+            module, calls = modules[name], store[name]
+            self._tir_rl_hooks += [
+                module.register_forward_pre_hook(_input_keeper(calls), with_kwargs=True),
+                module.register_forward_hook(_output_keeper(calls)),
+            ]
         return found
 
     def tir_rl_capture_stop(self, path: str) -> dict[str, int]:
-        """Remove the hooks and save `{name: [call outputs]}` to `path`; return calls per name."""
+        """Remove the hooks, save what they kept to `path`; return the calls per name.
+
+        The file holds `{name: [{"args", "kwargs", "output"}]}`, one dict per call.
+        """
         import torch
 
-        store: dict[str, list[torch.Tensor]] = getattr(self, "_tir_rl_store", {})
+        store: dict[str, list[dict[str, Any]]] = getattr(self, "_tir_rl_store", {})
         self.tir_rl_capture_abort()
         torch.save(store, path)
         return {name: len(calls) for name, calls in store.items()}
@@ -193,9 +225,26 @@ class LayerCapture:
         return len(samples)
 
 
-def _keeper(calls: list[torch.Tensor]) -> Any:
+def _input_keeper(calls: list[dict[str, Any]]) -> Any:
+    """Copies a call's tensor inputs before it runs (vLLM's fused norms update them in place)."""
+
+    def hook(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        import torch
+
+        def kept(value: Any) -> Any:
+            return value.detach().clone() if isinstance(value, torch.Tensor) else None
+
+        calls.append({
+            "args": [kept(a) for a in args],
+            "kwargs": {k: kept(v) for k, v in kwargs.items() if kept(v) is not None},
+        })  # fmt: skip
+
+    return hook
+
+
+def _output_keeper(calls: list[dict[str, Any]]) -> Any:
     def hook(_module: Any, _inputs: Any, output: Any) -> None:
         tensor = output[0] if isinstance(output, tuple) else output
-        calls.append(tensor.detach().clone())
+        calls[-1]["output"] = tensor.detach().clone()
 
     return hook

@@ -33,7 +33,7 @@ from tir_rl.errors import ConfigError
 if TYPE_CHECKING:
     import torch
 
-    from tir_rl.engine.layer_capture import ForwardCapture, WeightSample
+    from tir_rl.engine.layer_capture import ForwardCapture, ModuleInputs, WeightSample
     from tir_rl.engine.vllm_local import VLLMLocalEngine
 
 StageRole = Literal[
@@ -84,6 +84,11 @@ class StageGap:
     max_abs_diff: float
     weights: tuple[WeightGap, ...] = ()
     """The stage's own parameters the engine can show, compared."""
+    own_gap: float | None = None
+    """The relative gap between the engine's output and the trainer's stage run on the
+    engine's input to it: what this stage's computation adds by itself, whatever gap reached
+    it (0: bitwise the same result from the same input). The embedding's is its gap (both
+    read the same token ids); None for logprob stages."""
 
     @property
     def weights_differ(self) -> tuple[WeightGap, ...]:
@@ -157,17 +162,18 @@ class Localization:
                 f"at temperature {self.temperature:g} (engine.logprobs_mode must be "
                 "processed_logprobs; the trainer must use the sampling temperature)"
             )
+        own = "" if stage.own_gap is None else f" (on the engine's own input: {stage.own_gap:.2e})"
         return (
             f"the mismatch enters at {where}: its weights and dtype agree (where readable: "
             f"{self.unreadable_weights} engine parameters are not), so its computation "
-            "differs (a kernel, an epsilon, rotary embeddings, attention), or weights the "
-            "engine cannot show"
+            f"differs{own} (a kernel, an epsilon, rotary embeddings, attention), or weights "
+            "the engine cannot show"
         )
 
     def table(self) -> str:
         """The stages as an aligned text table, the diverging ones marked."""
         first = self.first_divergence
-        rows = [("stage", "role", "engine", "trainer", "rel. gap", "max |Δ|", "weights")]
+        rows = [("stage", "role", "engine", "trainer", "rel. gap", "max |Δ|", "own gap", "weights")]
         for s in self.stages:
             weights = ", ".join(
                 f"{w.name.rsplit('.', 2)[-2]} Δ{w.max_abs_diff:.1e}"
@@ -177,13 +183,15 @@ class Localization:
             mark = " <" if s is first else (" *" if s.relative_gap > self.tolerance else "")
             rows.append((
                 s.name + mark, s.role, s.engine_dtype, s.trainer_dtype,
-                f"{s.relative_gap:.2e}", f"{s.max_abs_diff:.2e}", weights or "-",
+                f"{s.relative_gap:.2e}", f"{s.max_abs_diff:.2e}",
+                "-" if s.own_gap is None else f"{s.own_gap:.2e}", weights or "-",
             ))  # fmt: skip
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
         return "\n".join([
             *lines,
-            f"< first stage over the tolerance {self.tolerance:g}; * later ones",
+            f"< first stage over the tolerance {self.tolerance:g}; * later ones. Own gap: the "
+            "trainer's stage run on the engine's input to it (0: bitwise equal)",
             self.diagnosis,
         ])  # fmt: skip
 
@@ -197,37 +205,69 @@ def stage_modules(model: Any) -> list[str]:
     ]
 
 
-def trainer_forward(
-    model: Any, token_ids: Sequence[int], names: Sequence[str]
-) -> tuple[list[str], dict[str, torch.Tensor], torch.Tensor]:
-    """The trainer model's outputs of `names` and its logits `[T - 1, V]` for `token_ids`.
+@dataclass(frozen=True, kw_only=True)
+class TrainerForward:
+    """The trainer model's forward of the probe, stage by stage."""
 
-    Returns the names in the order their modules ran, the outputs `[T, ...]` and the logits
-    at positions 0..T-2 (each predicts the next token).
-    """
+    order: list[str]
+    """Stage module names in the order they ran."""
+    outputs: dict[str, torch.Tensor]
+    """Name -> the module's (first) output `[T, ...]`."""
+    calls: dict[str, tuple[tuple[Any, ...], dict[str, Any]]]
+    """Name -> the positional and keyword arguments the module was called with."""
+    logits: torch.Tensor
+    """`[T - 1, V]`: the logits at positions 0..T-2 (each predicts the next token)."""
+
+
+def trainer_forward(model: Any, token_ids: Sequence[int], names: Sequence[str]) -> TrainerForward:
+    """Run `token_ids` through the trainer's model, keeping what the modules `names` saw."""
     import torch
 
     modules = dict(model.named_modules())
     order: list[str] = []
     outputs: dict[str, torch.Tensor] = {}
+    calls: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
 
     def keeper(name: str) -> Any:
-        def hook(_module: Any, _inputs: Any, output: Any) -> None:
+        def hook(_module: Any, args: Any, kwargs: Any, output: Any) -> None:
             tensor = output[0] if isinstance(output, tuple) else output
             outputs[name] = tensor.detach()[0]  # batch of one
+            calls[name] = (args, kwargs)
             order.append(name)
 
         return hook
 
-    handles = [modules[name].register_forward_hook(keeper(name)) for name in names]
+    handles = [
+        modules[name].register_forward_hook(keeper(name), with_kwargs=True) for name in names
+    ]
     try:
         ids = torch.tensor([list(token_ids)], dtype=torch.long, device=model.device)
         with torch.no_grad():
-            logits = model(ids).logits[0, :-1]
+            logits = model(ids, use_cache=False).logits[0, :-1]
     finally:
         for handle in handles:
             handle.remove()
-    return order, outputs, logits
+    return TrainerForward(order=order, outputs=outputs, calls=calls, logits=logits)
+
+
+def replay(model: Any, forward: TrainerForward, name: str, hidden: torch.Tensor) -> torch.Tensor:
+    """The trainer's module `name` on `hidden` `[T, H]`, its other arguments as in `forward`.
+
+    With the engine's input to a stage as `hidden`, the gap between this and the engine's
+    output is the stage's own: what its computation adds, whatever reached it.
+    """
+    import torch
+
+    module = dict(model.named_modules())[name]
+    args, kwargs = forward.calls[name]
+    x = hidden.to(forward.outputs[name].dtype)[None]
+    if args:
+        args = (x, *args[1:])
+    else:
+        kwargs = {**kwargs, "hidden_states": x}
+    with torch.no_grad():
+        output = module(*args, **kwargs)
+    return (output[0] if isinstance(output, tuple) else output)[0]
 
 
 async def localize(
@@ -256,6 +296,10 @@ async def localize(
         num_samples: seeded continuations of `prompt_ids` in the sampled stage.
         max_tokens: tokens per continuation.
     """
+    import torch
+
+    from tir_rl.engine.layer_capture import LOGITS_MODULE
+
     names = stage_modules(model)
     if not names:
         raise ConfigError(
@@ -265,19 +309,30 @@ async def localize(
     trainer_dtype = _dtype_name(next(model.parameters()).dtype)
     if tolerance is None:
         tolerance = TOLERANCES.get(trainer_dtype, TOLERANCES["bfloat16"])
-    order, trainer_out, trainer_logits = trainer_forward(model, probe_ids, names)
-    captured = await engine.capture_forward(probe_ids, order)
+    forward = trainer_forward(model, probe_ids, names)
+    captured = await engine.capture_forward(probe_ids, forward.order)
     samples = await engine.weight_samples(WEIGHT_STRIDE)
     trainer_weights = _trainer_weight_samples(model)
-    stages = [
-        _stage(name, MODULE_ROLES[name.rsplit(".", 1)[-1]], captured.outputs[name],
-               trainer_out[name], _weights_of(name, samples, trainer_weights))
-        for name in order
-    ]  # fmt: skip
+    stages = []
+    for name in forward.order:
+        role = MODULE_ROLES[name.rsplit(".", 1)[-1]]
+        hidden = _engine_stage_input(role, captured.inputs[name])
+        own = None if hidden is None else replay(model, forward, name, hidden)
+        weights = _weights_of(name, samples, trainer_weights)
+        stages.append(
+            _stage(name, role, captured.outputs[name], forward.outputs[name], weights, own)
+        )
     head = "lm_head" if "lm_head.weight" in samples else "model.embed_tokens"
-    stages.append(_stage("logits", "logits", captured.logits, trainer_logits,
-                         _weights_of(head, samples, trainer_weights)))  # fmt: skip
-    stages.append(_prompt_logprob_stage(captured, trainer_logits, probe_ids))
+    head_input = _engine_stage_input("logits", captured.inputs[LOGITS_MODULE])
+    # the trainer's head runs on all T rows (the engine's on T - 1): pad to its shape, since a
+    # CPU matmul's rounding can depend on the number of rows
+    last_row = forward.outputs[forward.order[-1]][-1:]
+    with torch.no_grad():
+        rows = torch.cat([head_input.to(last_row.dtype), last_row])
+        own_logits = model.get_output_embeddings()(rows)[:-1]
+    weights = _weights_of(head, samples, trainer_weights)
+    stages.append(_stage("logits", "logits", captured.logits, forward.logits, weights, own_logits))
+    stages.append(_prompt_logprob_stage(captured, forward.logits, probe_ids))
     stages.append(
         await _sampled_stage(engine, model, prompt_ids, temperature, num_samples, max_tokens)
     )
@@ -291,26 +346,45 @@ async def localize(
     )
 
 
+def _engine_stage_input(role: StageRole, inputs: ModuleInputs) -> torch.Tensor | None:
+    """The hidden states a stage of the engine received; None for the embedding (token ids)."""
+    if role == "embedding":
+        return None
+    if role == "attention" and "hidden_states" in inputs.kwargs:
+        return inputs.kwargs["hidden_states"]  # beside the positions
+    tensors = inputs.tensors()
+    if role in ("norm", "final norm") and len(tensors) >= 2:
+        return tensors[0] + tensors[1]  # vLLM's fused norm adds the residual, then normalises
+    return tensors[0]
+
+
+def _relative(engine: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
+    diff = engine.double() - reference.double()
+    return float(diff.norm() / reference.double().norm().clamp_min(1e-30)), float(diff.abs().max())
+
+
 def _stage(
     name: str, role: StageRole, engine_out: torch.Tensor, trainer_out: torch.Tensor,
-    weights: tuple[WeightGap, ...] = (),
+    weights: tuple[WeightGap, ...] = (), own: torch.Tensor | None = None,
 ) -> StageGap:  # fmt: skip
     if engine_out.shape != trainer_out.shape:
         raise ConfigError(
             f"{name}: the engine's output has shape {tuple(engine_out.shape)}, the trainer's "
             f"{tuple(trainer_out.shape)}: the two models are not the same architecture"
         )
-    e, t = engine_out.double(), trainer_out.double()
-    diff = e - t
+    relative_gap, max_abs_diff = _relative(engine_out, trainer_out)
     return StageGap(
         name=name,
         role=role,
         engine_dtype=_dtype_name(engine_out.dtype),
         trainer_dtype=_dtype_name(trainer_out.dtype),
-        relative_gap=float(diff.norm() / t.norm().clamp_min(1e-30)),
-        max_abs_diff=float(diff.abs().max()),
+        relative_gap=relative_gap,
+        max_abs_diff=max_abs_diff,
         weights=weights,
-    )
+        own_gap=relative_gap if own is None and role == "embedding" else (
+            None if own is None else _relative(engine_out, own)[0]
+        ),
+    )  # fmt: skip
 
 
 def _prompt_logprob_stage(

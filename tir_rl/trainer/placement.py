@@ -40,6 +40,11 @@ def prepare_device(config: TrainerConfig) -> torch.device:
             f"trainer.cudnn_attention chooses a CUDA attention kernel; the trainer runs on "
             f"{device}. Set trainer.cudnn_attention false (or trainer.device cuda)."
         )
+    if config.kernels == "vllm_cpu" and device.type != "cpu":
+        raise ConfigError(
+            f"trainer.kernels vllm_cpu runs vLLM-CPU's ops; the trainer runs on {device}. "
+            "Set trainer.device cpu, or trainer.kernels torch."
+        )
     if config.cpu_cores is not None:
         _pin_to_cores(device, config.cpu_cores)
     if device.type == "cuda":

