@@ -219,6 +219,7 @@ class RunConfig:
             )
         self._resolve_degenerate_groups()
         self._follow_temperature()
+        self._follow_kernels()
         if self.correction_preset is not None:
             default = MismatchCorrection.Config()
             changed = {
@@ -308,6 +309,20 @@ class RunConfig:
             "the trainer must divide its logits by the sampler's temperature",
         )
         self.trainer.temperature = self.rollout.temperature
+
+    def _follow_kernels(self) -> None:
+        """VLLM's kernels in the trainer need an engine whose decode rounds like its prefill."""
+        if self.trainer.kernels != "vllm_cpu":
+            return
+        if self.engine.kind is not EngineKind.LOCAL or self.engine.cpu_attention_split_kv:
+            raise ConfigError(
+                "trainer.kernels vllm_cpu matches a local vLLM-CPU engine that does not split "
+                "its attention's keys over threads; this config has engine.kind "
+                f"{self.engine.kind} and engine.cpu_attention_split_kv "
+                f"{self.engine.cpu_attention_split_kv}. Use engine.kind local and leave "
+                "engine.cpu_attention_split_kv unset, or trainer.kernels torch."
+            )
+        self.engine = dataclasses.replace(self.engine, cpu_attention_split_kv=False)
 
     def _follow_run_seed(self) -> None:
         """Seed every random source left unset from `run.seed` (the saved config is explicit)."""

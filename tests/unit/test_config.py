@@ -141,6 +141,24 @@ def test_the_trainer_follows_the_rollout_temperature_and_a_different_one_is_refu
         config.load(RunConfig, None, ["rollout.temperature=0.7", "trainer.temperature=0.5"])
 
 
+def test_vllm_kernels_in_the_trainer_turn_the_engines_kv_split_off_and_refuse_it_on():
+    import os
+
+    from tir_rl.engine import cpu_platform
+    from tir_rl.run_config import RunConfig
+
+    parity = ["trainer.kernels=vllm_cpu", "trainer.packing=packed"]
+    cfg = config.load(RunConfig, None, parity)
+    assert cfg.engine.cpu_attention_split_kv is False
+    assert config.load(RunConfig, None, []).engine.cpu_attention_split_kv is None
+    with pytest.raises(ConfigError, match="engine.cpu_attention_split_kv True"):
+        config.load(RunConfig, None, [*parity, "engine.cpu_attention_split_kv=true"])
+    os.environ.pop("VLLM_CPU_ATTN_SPLIT_KV", None)
+    with cpu_platform.thread_environment(cfg.engine):  # what the engine core inherits
+        assert os.environ["VLLM_CPU_ATTN_SPLIT_KV"] == "0"
+    assert "VLLM_CPU_ATTN_SPLIT_KV" not in os.environ
+
+
 def test_a_kl_penalty_loads_and_a_reference_model_without_one_is_refused():
     from tir_rl.run_config import RunConfig
 

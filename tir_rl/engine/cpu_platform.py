@@ -26,6 +26,7 @@ class CpuSettings(Protocol):
     cpu_cores: str | int | None
     cpu_reserved_cores: int | None
     block_size: int | None
+    cpu_attention_split_kv: bool | None
     async_scheduling: bool
     kv_cache_gib: float | None
 
@@ -36,6 +37,7 @@ CPU_PREFIX_CACHE_BLOCK_SIZE = 32
 
 _RESERVED_CORES_VAR = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 _BOUND_CORES_VAR = "VLLM_CPU_OMP_THREADS_BIND"
+_SPLIT_KV_VAR = "VLLM_CPU_ATTN_SPLIT_KV"
 
 
 @contextlib.contextmanager
@@ -57,14 +59,16 @@ def _environment_default(name: str, value: str | None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def thread_environment(config: CpuSettings) -> Iterator[None]:
-    """The reserved-core and thread-binding variables of `config`, for an engine's start."""
+    """The reserved-core, thread-binding and KV-split variables of `config`, for a start."""
     reserved = None if config.cpu_reserved_cores is None else str(config.cpu_reserved_cores)
     bound = None
     if config.cpu_cores is not None:
         bound = format_cpu_list(parse_cpu_list(config.cpu_cores, setting="engine.cpu_cores"))
+    split = config.cpu_attention_split_kv
     with (
         _environment_default(_RESERVED_CORES_VAR, reserved),
         _environment_default(_BOUND_CORES_VAR, bound),
+        _environment_default(_SPLIT_KV_VAR, None if split is None else str(int(split))),
     ):
         yield
 

@@ -9,18 +9,14 @@ When a request has `stop_token_sequences`, its outputs are streamed (delta mode)
 sampled ids are matched after every engine step; at the first complete match the output is
 cut right after the sequence and the request is aborted, so no compute is wasted.
 
-Weight updates go through `collective_rpc("reload_weights", weights_path=...)`; see
-`weights_io` for why tensors travel through a (shared-memory) safetensors file. They land in
-flight: the engine pauses with its requests kept (`pause_generation(mode="keep")`), reloads,
-labels the new weights with their policy version (`update_weight_version`) and resumes, so
-requests in flight go on with the new weights. vLLM labels every output token with the
-version of the weights that sampled it (`CompletionOutput.weight_versions`); those labels
-are `GenerateResult.policy_versions`. By default the pause drops every KV block
-(`Config.clear_kv_on_update`): the requests in flight recompute their context with the new
-weights and the prefix cache never serves old blocks.
+Weight updates go through `collective_rpc("reload_weights", weights_path=...)` (a
+safetensors file: `weights_io`) in flight: the engine pauses with its requests kept, reloads,
+labels the weights with their policy version and resumes. vLLM labels every output token with
+the version that sampled it: `GenerateResult.policy_versions`. By default the pause drops
+every KV block (`Config.clear_kv_on_update`), so the prefix cache never serves old blocks.
 
 Crash safety: the engine's child processes carry this run's identity and die with it, and a
-start ends the leftovers of runs that were killed (see `tir_rl.engine.reaping`).
+start ends the leftovers of killed runs (`tir_rl.engine.reaping`).
 """
 
 from __future__ import annotations
@@ -133,6 +129,10 @@ class VLLMLocalEngine(SingleEngine):
         cores, an asynchronous run samples and trains without the two sharing a core
         (docs/async.md). None: vLLM binds to every core this process may use. An explicitly
         set environment variable wins; refused on a GPU."""
+        cpu_attention_split_kv: bool | None = None
+        """vLLM-CPU's attention may split a long sequence's keys over threads when decoding
+        (`VLLM_CPU_ATTN_SPLIT_KV`), which rounds otherwise than its prefill. None: vLLM's
+        default (split), off in a run with `trainer.kernels: vllm_cpu` (bitwise parity)."""
         block_size: int | None = None
         """KV cache block size in tokens. None: 32 on a CPU when the prefix cache is on (the
         smallest its attention takes), vLLM's default otherwise (16 on a GPU, 128 on a CPU).

@@ -174,7 +174,6 @@ def kernel_attention(
     """
     import torch
     from vllm import _custom_ops as ops
-    from vllm import envs
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
     num_tokens, num_heads, head_dim = query.shape
@@ -201,8 +200,7 @@ def kernel_attention(
     metadata = ops.cpu_attn_get_scheduler_metadata(
         num_reqs=len(lengths), num_heads=num_heads, num_kv_heads=num_kv_heads,
         head_dim=head_dim, seq_lens=seq_lens, dtype=query.dtype, query_start_loc=query_start,
-        causal=True, sliding_window_size=-1, isa=isa,
-        enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV,
+        causal=True, sliding_window_size=-1, isa=isa, enable_kv_split=False,
     )  # fmt: skip
     output = torch.empty_like(query)
     ops.cpu_attention_with_kv_cache(
