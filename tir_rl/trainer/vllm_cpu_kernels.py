@@ -44,7 +44,6 @@ def use_vllm_cpu_kernels(model: Any, *, world_size: int = 1) -> None:
         ConfigError: several ranks, a rotary embedding other than the default one, or a
             sliding window.
     """
-    import torch
     from transformers import AttentionInterface, AttentionMaskInterface
 
     if world_size > 1:
@@ -53,7 +52,16 @@ def use_vllm_cpu_kernels(model: Any, *, world_size: int = 1) -> None:
             "matrix products take whole weights, which FSDP2 shards. Train on one rank, or "
             "with trainer.kernels torch."
         )
-    config = model.config
+    head_dim, _ = _rotary_of(model.config)
+    AttentionInterface.register(NAME, _attention)  # reads each module's own config
+    AttentionMaskInterface.register(NAME, _no_mask)
+    model.set_attn_implementation(NAME)
+    model.model.rotary_emb = _unrotated(head_dim)
+    _use_onednn_linear(model)
+
+
+def _rotary_of(config: Any) -> tuple[int, float]:
+    """The head size and rotary base of a model config; refuses what vLLM's op cannot do."""
     rope = dict(getattr(config, "rope_parameters", None) or {})
     if rope.get("rope_type", "default") != "default" or getattr(config, "sliding_window", None):
         raise ConfigError(
@@ -62,30 +70,29 @@ def use_vllm_cpu_kernels(model: Any, *, world_size: int = 1) -> None:
             f"{getattr(config, 'sliding_window', None)}. Use trainer.kernels torch."
         )
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    base = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+    return head_dim, float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
 
-    def attention(
-        module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
-        scaling: float | None = None, dropout: float = 0.0, **kwargs: Any,
-    ) -> Any:  # fmt: skip
-        if dropout:
-            raise ConfigError("trainer.kernels vllm_cpu has no attention dropout")
-        scale = scaling if scaling is not None else head_dim**-0.5
-        batch, _, length, _ = query.shape
-        positions = kwargs.get("position_ids")
-        if positions is None:
-            positions = torch.arange(length).expand(batch, length)
-        positions = positions.reshape(-1).to(torch.int64)
-        cache = rotary_cache(base, head_dim, int(positions.max()) + 1, query.dtype)
-        lengths = _segments(positions, batch, length)
-        out = _Attention.apply(query, key, value, positions, cache, lengths, scale)
-        return out.reshape(batch, length, *out.shape[1:]), None
 
-    AttentionInterface.register(NAME, attention)
-    AttentionMaskInterface.register(NAME, _no_mask)
-    model.set_attn_implementation(NAME)
-    model.model.rotary_emb = _unrotated(head_dim)
-    _use_onednn_linear(model)
+def _attention(
+    module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
+    scaling: float | None = None, dropout: float = 0.0, **kwargs: Any,
+) -> Any:  # fmt: skip
+    """Transformers' attention interface: `[B, H, T, d]` q, k, v (unrotated) -> `[B, T, H, d]`."""
+    import torch
+
+    if dropout:
+        raise ConfigError("trainer.kernels vllm_cpu has no attention dropout")
+    head_dim, base = _rotary_of(module.config)
+    scale = scaling if scaling is not None else head_dim**-0.5
+    batch, _, length, _ = query.shape
+    positions = kwargs.get("position_ids")
+    if positions is None:
+        positions = torch.arange(length).expand(batch, length)
+    positions = positions.reshape(-1).to(torch.int64)
+    cache = rotary_cache(base, head_dim, int(positions.max()) + 1, query.dtype)
+    lengths = _segments(positions, batch, length)
+    out = _Attention.apply(query, key, value, positions, cache, lengths, scale)
+    return out.reshape(batch, length, *out.shape[1:]), None
 
 
 def rotary_cache(base: float, head_dim: int, positions: int, dtype: torch.dtype) -> torch.Tensor:

@@ -97,3 +97,23 @@ def test_vllm_cpu_kernels_refuse_what_they_cannot_compute():
         Trainer.Config(kernels="vllm_cpu").validate()
     with pytest.raises(ConfigError, match="trainer.dtype bfloat16"):
         Trainer.Config(kernels="vllm_cpu", packing=Packing.PACKED, dtype="bfloat16").validate()
+
+
+def test_two_models_on_vllms_kernels_each_keep_their_own_rotary_base(tiny_model_path):
+    """The attention function transformers holds is global: it reads each module's config."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tir_rl.trainer.vllm_cpu_kernels import use_vllm_cpu_kernels
+
+    ids = torch.arange(5, 45)[None]
+    first = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    use_vllm_cpu_kernels(first)
+    with torch.no_grad():
+        before = first(ids, use_cache=False).logits
+    config = AutoConfig.from_pretrained(tiny_model_path)
+    config.rope_parameters = {**config.rope_parameters, "rope_theta": 500000.0}
+    other = AutoModelForCausalLM.from_pretrained(tiny_model_path, config=config)
+    use_vllm_cpu_kernels(other)
+    with torch.no_grad():
+        assert torch.equal(first(ids, use_cache=False).logits, before)
+        assert not torch.equal(other(ids, use_cache=False).logits, before)
