@@ -44,6 +44,26 @@ def compare(a: list[float], b: list[float]) -> str:
     return f"{equal}/{len(a)} bitwise equal, max |Δ| {worst:.2e}"
 
 
+def kernels_model(path):
+    """The float32 transformers model at `path`, on vLLM-CPU's kernels (`trainer.kernels`)."""
+    from transformers import AutoModelForCausalLM
+
+    from tir_rl.trainer.vllm_cpu_kernels import use_vllm_cpu_kernels
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()
+    use_vllm_cpu_kernels(model)
+    return model
+
+
+def engine_config(path, *, max_model_len: int, split_kv: bool):
+    from tir_rl.engine import VLLMLocalEngine
+
+    return VLLMLocalEngine.Config(
+        model_path=str(path), max_model_len=max_model_len, kv_cache_gib=0.25, max_num_seqs=8,
+        cpu_attention_split_kv=split_kv,
+    )  # fmt: skip
+
+
 def logprob_rows(name: str, split_kv: bool) -> list[str]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -55,17 +75,12 @@ def logprob_rows(name: str, split_kv: bool) -> list[str]:
         transformers_logprobs,
     )
     from tir_rl.models import resolve_model
-    from tir_rl.trainer.vllm_cpu_kernels import use_vllm_cpu_kernels
 
     path = resolve_model(name)
     prompt = probe_ids_from_text(AutoTokenizer.from_pretrained(path), DEFAULT_SAMPLED_PROBE_PROMPT)
     trainer = AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()
-    kernels = AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()
-    use_vllm_cpu_kernels(kernels)
-    config = VLLMLocalEngine.Config(
-        model_path=str(path), max_model_len=512, kv_cache_gib=0.25, max_num_seqs=8,
-        cpu_attention_split_kv=split_kv,
-    )  # fmt: skip
+    kernels = kernels_model(path)
+    config = engine_config(path, max_model_len=512, split_kv=split_kv)
     decode: list[float] = []
     prefill: list[float] = []
     teacher: list[float] = []
@@ -104,22 +119,17 @@ def logprob_rows(name: str, split_kv: bool) -> list[str]:
 
 
 def length_rows(name: str) -> list[str]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from tir_rl.engine import VLLMLocalEngine
     from tir_rl.engine.base import GenerateRequest
     from tir_rl.engine.parity import probe_ids_from_text, transformers_logprobs
     from tir_rl.models import resolve_model
-    from tir_rl.trainer.vllm_cpu_kernels import use_vllm_cpu_kernels
 
     path = resolve_model(name)
     probe = probe_ids_from_text(AutoTokenizer.from_pretrained(path))
-    kernels = AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()
-    use_vllm_cpu_kernels(kernels)
-    config = VLLMLocalEngine.Config(
-        model_path=str(path), max_model_len=1024, kv_cache_gib=0.25, max_num_seqs=8,
-        cpu_attention_split_kv=False,
-    )  # fmt: skip
+    kernels = kernels_model(path)
+    config = engine_config(path, max_model_len=1024, split_kv=False)
     rows = []
     with VLLMLocalEngine(config) as engine:
         for length in CONTEXT_LENGTHS:

@@ -210,7 +210,7 @@ class LayerCapture:
         self._tir_rl_store = {}
 
     def tir_rl_weight_samples(self, path: str, stride_elements: int) -> int:
-        """Save every parameter's shape, dtype and a strided sample of its values to `path`.
+        """Save every parameter's shape and a strided sample of its values to `path`.
 
         Returns the number of parameters sampled. The sample is every `stride_elements`-th
         element of the flattened tensor, so two copies of one weight give equal samples.
@@ -236,7 +236,9 @@ def _input_keeper(calls: list[dict[str, Any]]) -> Any:
 
         calls.append({
             "args": [kept(a) for a in args],
-            "kwargs": {k: kept(v) for k, v in kwargs.items() if kept(v) is not None},
+            "kwargs": {
+                k: kept(v) for k, v in kwargs.items() if isinstance(v, torch.Tensor)
+            },
         })  # fmt: skip
 
     return hook

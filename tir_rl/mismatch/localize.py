@@ -8,9 +8,11 @@ the earlier stages already moved::
     embedding ─► [input norm ─► attention ─► post-attention norm ─► MLP] x layers
               ─► final norm ─► logits ─► prompt logprobs ─► sampled logprobs at T
 
-A stage *diverges* when its relative gap ‖engine − trainer‖ / ‖trainer‖ exceeds the
-tolerance of the trainer's dtype (the reference). The first diverging stage is where the
-mismatch enters; `Localization.diagnosis` says what kind it is, from what the stage shows:
+Each stage's gap ‖engine − trainer‖ / ‖trainer‖ includes what earlier stages moved; its
+*own* gap is the trainer's stage run on the engine's input to it. A stage diverges when its
+own gap exceeds the tolerance of the trainer's dtype (the reference). The first diverging
+stage is where the mismatch enters; `Localization.diagnosis` says what kind it is, from
+what the stage shows:
 
 - its weights differ (where the engine can show them: embeddings and norms; vLLM-CPU
   repacks linear weights into its kernel layout): the engine holds the trainer's weights
@@ -23,6 +25,7 @@ mismatch enters; `Localization.diagnosis` says what kind it is, from what the st
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -279,7 +282,7 @@ def replay(model: Any, forward: TrainerForward, name: str, hidden: torch.Tensor)
     """
     import torch
 
-    module = dict(model.named_modules())[name]
+    module = model.get_submodule(name)
     args, kwargs = forward.calls[name]
     x = hidden.to(forward.outputs[name].dtype)[None]
     if args:
@@ -312,7 +315,7 @@ async def localize(
         prompt_ids: the prompt the sampled stage continues (short: a seeded chunked
             prefill kills vLLM-CPU 0.32's engine).
         temperature: the run's sampling temperature (the sampled stage's).
-        tolerance: the relative gap above which a stage diverges; None: `TOLERANCES` at the
+        tolerance: the own gap above which a stage diverges; None: `TOLERANCES` at the
             trainer's dtype.
         num_samples: seeded continuations of `prompt_ids` in the sampled stage.
         max_tokens: tokens per continuation.
@@ -418,7 +421,11 @@ def _prompt_logprob_stage(
     engine = torch.tensor(captured.prompt_logprobs, dtype=torch.float64)
     own = torch.log_softmax(captured.logits.float(), -1).gather(-1, targets[:, None].cpu())[:, 0]
     stage = _stage("prompt logprobs", "prompt logprobs", engine, trainer.cpu(), own=own)
-    return _with_dtypes(stage, captured.logits.dtype, trainer_logits.dtype)
+    return dataclasses.replace(
+        stage,
+        engine_dtype=_dtype_name(captured.logits.dtype),
+        trainer_dtype=_dtype_name(trainer_logits.dtype),
+    )
 
 
 async def _sampled_stage(
@@ -454,14 +461,11 @@ async def _sampled_stage(
         f"sampled logprobs (T={temperature:g})", "sampled logprobs",
         torch.tensor(engine_lp, dtype=torch.float64), torch.tensor(trainer_lp, dtype=torch.float64),
     )  # fmt: skip
-    trainer_dtype = next(model.parameters()).dtype
-    return StageGap(**{**stage.__dict__, "engine_dtype": engine.model_info.dtype,
-                       "trainer_dtype": _dtype_name(trainer_dtype)})  # fmt: skip
-
-
-def _with_dtypes(stage: StageGap, engine: torch.dtype, trainer: torch.dtype) -> StageGap:
-    return StageGap(**{**stage.__dict__, "engine_dtype": _dtype_name(engine),
-                       "trainer_dtype": _dtype_name(trainer)})  # fmt: skip
+    return dataclasses.replace(
+        stage,
+        engine_dtype=engine.model_info.dtype,
+        trainer_dtype=_dtype_name(next(model.parameters()).dtype),
+    )
 
 
 def _trainer_weight_samples(model: Any) -> dict[str, torch.Tensor]:

