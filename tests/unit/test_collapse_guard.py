@@ -134,3 +134,29 @@ def test_a_guard_in_a_run_saves_to_the_run_folder_without_changing_its_config(tm
     assert CollapseGuard(config).save_dir is None  # no run folder: nothing saved
     given = CollapseGuard(CollapseGuard.Config(save_dir=tmp_path / "mine"), run_dir=tmp_path)
     assert given.save_dir == tmp_path / "mine"
+
+
+def test_a_smoothed_limit_fires_on_the_trailing_mean_not_on_one_step():
+    """A scripted run: the failure tilt sits at 2e-3 with one spike, then climbs."""
+    tilt = "mismatch/failure_tilt"
+    config = CollapseGuard.Config(watch=(), absolute={tilt: 0.01}, smooth=5)
+    stream = [2e-3, 2e-3, 3e-2, 2e-3, 2e-3, 2e-3, 2e-3, 8e-3, 1.2e-2, 1.6e-2, 2e-2, 2.4e-2]
+    fired = [d.fired for d in feed(CollapseGuard(config), stream, tilt)]
+    # steps 7-11 average (8+12+16+20+24)/5 = 16e-3; steps 6-10 average 11.6e-3: first alert
+    assert fired.index(True) == 10 and all(fired[10:])
+    assert not any(fired[:10])  # the spike's window 0-4 averages 7.6e-3; windows before 4 unchecked
+    per_step = CollapseGuard(CollapseGuard.Config(watch=(), absolute={tilt: 0.01}))
+    assert [d.fired for d in feed(per_step, stream, tilt)].index(True) == 2
+    (alert,) = feed(CollapseGuard(config), stream, tilt)[10].alerts
+    assert alert.reason == "absolute" and alert.value == pytest.approx(11.6e-3)
+
+
+def test_the_smoothed_window_survives_a_checkpoint_and_a_bad_smooth_is_refused():
+    config = CollapseGuard.Config(watch=(), absolute={"mismatch/k3_kl": 1.0}, smooth=3)
+    guard = CollapseGuard(config)
+    feed(guard, [1.2, 1.2])
+    resumed = CollapseGuard(config)
+    resumed.load_state_dict(guard.state_dict())
+    assert resumed.check(2, {"mismatch/k3_kl": 0.9}).fired  # (1.2 + 1.2 + 0.9) / 3 > 1
+    with pytest.raises(ValueError, match="guard.smooth"):
+        CollapseGuard(CollapseGuard.Config(smooth=0))

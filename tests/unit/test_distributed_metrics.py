@@ -25,6 +25,7 @@ RANK_SCRIPT = textwrap.dedent(
     import torch
     from tir_rl import distributed as tdist
     from tir_rl.mismatch import CorrectionStats, mismatch_metrics
+    from tir_rl.mismatch.failure_tilt import failure_tilt
 
     rank, port, split = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     gen = torch.Generator().manual_seed(0)
@@ -40,7 +41,9 @@ RANK_SCRIPT = textwrap.dedent(
     else:  # rank 1 trains on a masked copy of sequence 3: no tokens
         rows = [0, 1, 2, 3] if rank == 0 else [3]
         shard_mask = mask[rows] * (rank == 0)
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
     local = mismatch_metrics(trainer[rows], sampler[rows], shard_mask, turns[rows])
+    local |= failure_tilt(trainer[rows], sampler[rows], shard_mask, advantages[rows], None)
     kept = int(shard_mask.sum().item())
     local |= CorrectionStats(
         num_tokens=kept,
@@ -58,6 +61,7 @@ RANK_SCRIPT = textwrap.dedent(
     reduced = tdist.all_reduce_metrics(local)
     tdist.destroy_process_group()
     whole = mismatch_metrics(trainer, sampler, mask, turns)
+    whole |= failure_tilt(trainer, sampler, mask, advantages, None)
     print("RESULT " + json.dumps({"reduced": reduced, "whole": whole, "local": local}))
     """
 )
@@ -97,6 +101,7 @@ def test_reduced_mismatch_metrics_equal_the_whole_batch(split):
     assert set(whole) <= set(reduced)
     checked = [k for k in whole if split == "one_rank_empty" or not k.endswith(NONLINEAR)]
     assert "mismatch/k3_kl" in checked and "mismatch/training_log_ppl" in checked
+    assert "mismatch/failure_tilt" in checked
     wrong = {
         k: (reduced[k], whole[k])
         for k in checked
@@ -130,7 +135,8 @@ def test_a_rank_average_would_differ_from_the_whole_batch():
     results = _run_two_ranks("unequal")
     rank0, rank1 = (r["local"] for r in results)
     whole = results[0]["whole"]
-    for key in ("mismatch/k3_kl", "mismatch/abs_diff_mean", "mismatch/training_log_ppl"):
+    keys = ("mismatch/k3_kl", "mismatch/abs_diff_mean", "mismatch/training_log_ppl")
+    for key in (*keys, "mismatch/failure_tilt"):
         average = (rank0[key] + rank1[key]) / 2
         assert abs(average - whole[key]) > 1e-3 * abs(whole[key]), key
 
@@ -139,12 +145,16 @@ def test_each_metric_declares_how_it_combines_across_ranks():
     import torch
 
     from tir_rl.mismatch import CorrectionStats, mismatch_metrics
+    from tir_rl.mismatch.failure_tilt import failure_tilt
 
     trainer = torch.tensor([[-1.0, -2.0, -0.5, 0.0]])
     sampler = torch.tensor([[-1.2, -1.9, -0.5, 0.0]])
     mask, turns = torch.tensor([[1, 1, 1, 0]]), torch.tensor([[0, 0, 1, 1]])
     row = mismatch_metrics(trainer, sampler, mask, turns)
+    row |= failure_tilt(trainer, sampler, mask, torch.tensor([-1.0]), None)
     expected = {
+        "mismatch/failure_tilt": (ReduceOp.MEAN, "mismatch/failure_tilt_mass"),
+        "mismatch/failure_tilt_mass": (ReduceOp.SUM, None),
         "mismatch/kl": (ReduceOp.MEAN, "mismatch/num_tokens"),
         "mismatch/is_token_ess": (ReduceOp.MEAN, "mismatch/num_tokens"),
         "mismatch/chi2_seq": (ReduceOp.MEAN, "mismatch/num_seqs"),

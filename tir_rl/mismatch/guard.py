@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from tir_rl.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 
 
@@ -56,7 +58,8 @@ class Alert:
     threshold: float
     """The limit it crossed (relative or absolute, whichever fired first)."""
     reason: str
-    """`relative` (value > factor × rolling median), `absolute`, or `nonfinite`."""
+    """`relative` (value > factor × rolling median), `absolute` (`value` is then the trailing
+    mean over `smooth` steps), or `nonfinite`."""
     median: float | None = None
     """Rolling median of the history at the time, when there was enough history."""
 
@@ -102,8 +105,12 @@ class CollapseGuard:
         min_median: float = 1e-8
         """Floor under the median, so a zero history (an exact sampler) does not flag noise."""
         absolute: dict[str, float] = field(default_factory=dict)
-        """Hard upper limits per metric name (checked from the first step), e.g.
-        `{"mismatch/k3_kl": 0.01}`."""
+        """Hard upper limits per metric name, e.g. `{"mismatch/k3_kl": 0.01}`, on the
+        trailing mean over `smooth` steps."""
+        smooth: int = 1
+        """Steps in the trailing mean the absolute limits are checked on, from the step at
+        which that many values are known (1: each step's own value, from the first step).
+        The collapse lab judged its detectors on 5-step means (docs/collapse.md A3, A6)."""
         action: GuardAction = GuardAction.CONTINUE
         """What the loop does on a spike: continue, skip_step or stop."""
         save_dir: Path | None = None
@@ -120,9 +127,15 @@ class CollapseGuard:
         """Where offending batches go: `save_dir`, else the run folder's `alerts/`, else None."""
         if self.save_dir is None and run_dir is not None:
             self.save_dir = run_dir / "alerts"
+        if self.config.smooth < 1:
+            raise ConfigError(f"guard.smooth must be at least 1 step, got {self.config.smooth}")
         self._history: dict[str, deque[float]] = {
             name: deque(maxlen=self.config.window) for name in self.config.watch
         }
+        self._recent: dict[str, deque[float]] = {
+            name: deque(maxlen=self.config.smooth) for name in self.config.absolute
+        }
+        """The last `smooth` finite values of each metric with an absolute limit."""
         self.num_alerts = 0
         self.num_saved = 0
 
@@ -173,8 +186,11 @@ class CollapseGuard:
         if not math.isfinite(value):
             return Alert(step, name, value, math.inf, "nonfinite")
         limit = cfg.absolute.get(name)
-        if limit is not None and value > limit:
-            return Alert(step, name, value, limit, "absolute")
+        if limit is not None:
+            recent = self._recent[name]
+            recent.append(value)
+            if len(recent) == cfg.smooth and (mean := statistics.fmean(recent)) > limit:
+                return Alert(step, name, mean, limit, "absolute")
         history = self._history.get(name)
         if history is not None and len(history) >= cfg.min_history:
             median = statistics.median(history)
@@ -220,6 +236,7 @@ class CollapseGuard:
         """History and counters, for checkpoints."""
         return {
             "history": {k: list(v) for k, v in self._history.items()},
+            "recent": {k: list(v) for k, v in self._recent.items()},
             "num_alerts": self.num_alerts,
             "num_saved": self.num_saved,
         }
@@ -230,5 +247,9 @@ class CollapseGuard:
             if name in self._history:
                 self._history[name].clear()
                 self._history[name].extend(values)
+        for name, values in state.get("recent", {}).items():
+            if name in self._recent:
+                self._recent[name].clear()
+                self._recent[name].extend(values)
         self.num_alerts = int(state.get("num_alerts", 0))
         self.num_saved = int(state.get("num_saved", 0))

@@ -55,6 +55,7 @@ from tir_rl.mismatch import (
     correction,
     mismatch_metrics,
 )
+from tir_rl.mismatch.failure_tilt import failure_tilt
 from tir_rl.mismatch.guard import CollapseGuard, GuardDecision
 from tir_rl.models import resolve_model
 from tir_rl.trainer import lora as lora_ops
@@ -365,6 +366,15 @@ class Trainer:
             old_logprobs, batch.sampler_logprobs, batch.loss_mask, batch.turn_ids
         )
         local.update(corrected.stats.to_dict())
+        local.update(
+            failure_tilt(
+                old_logprobs,
+                batch.sampler_logprobs,
+                batch.loss_mask,
+                advantages,
+                corrected.weights,
+            )
+        )
         local.update(combine_loss_metrics(update.metric_rows))
         clock.mark("mismatch")
 

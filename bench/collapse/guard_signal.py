@@ -1,0 +1,295 @@
+"""Which guard signal foretells a collapse: k3 or the failure tilt, each as a limit on its
+5-step mean, replayed through the collapse guard itself over kept runs (nothing is rerun).
+
+    python bench/collapse/guard_signal.py bench/collapse/results/sft_long \
+        --new bench/collapse/results/guard_new
+
+Signals, per step: `mismatch/k3_kl` from the run's metrics, and the failure tilt
+(`tir_rl.mismatch.failure_tilt`: Σ w A δ̄ / Σ w |A| over the trained sequences) recomputed from
+the run's `sequences.jsonl` with the formula the trainer logs it with. Each is fed to a
+`CollapseGuard` with one absolute limit on its trailing mean over `--smooth` steps, so a
+firing here is an alert the shipped guard would raise.
+
+Judged per run (the lab's verdict, `verdict.judge_run`): a **persisting collapse** is
+**warned** when the guard fired at least `--lead` steps before its collapse step, and the
+lead is the collapse step minus the first firing; a run that never collapsed **holds**, and
+any firing in it is a **false alarm**; a collapse that recovered is reported on its own line.
+
+The limit is chosen on the tuning runs by one rule, fixed before the new runs were read: over
+a log grid, the most persisting collapses warned, then the fewest holds with a false alarm,
+then the largest limit. First with leave-one-cause-out (the limit chosen on the other causes'
+runs, judged on the held-out cause's), then on every tuning run, and that limit is judged on
+the new runs (`--new`), which chose nothing. `k3 > 3e-3` is the issue's reference detector.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from report import Run, load_runs  # noqa: E402
+from verdict import values_by_step  # noqa: E402
+
+from tir_rl.mismatch.failure_tilt import TILT_KEY, tilt_sums  # noqa: E402
+from tir_rl.mismatch.guard import CollapseGuard  # noqa: E402
+from tir_rl.report.run_log import run_file  # noqa: E402
+from tir_rl.report.sequences import SEQUENCES_FILE, read_sequences  # noqa: E402
+
+K3_KEY = "mismatch/k3_kl"
+GRID = tuple(round(m * 10.0**e, 12) for e in range(-5, 0) for m in (1, 1.5, 2, 3, 5, 7))
+REFERENCE = (K3_KEY, 3e-3)
+"""The detector the issue measured the guard against: k3's 5-step mean above 3e-3."""
+CAUSES = (
+    ("raw_T", "raw logprobs"),
+    ("stale", "stale weights"),
+    ("bf16", "bf16 sampler"),
+    ("async", "asynchronous"),
+)
+
+
+def cause_of(run: Run) -> str:
+    for marker, cause in CAUSES:
+        if marker in run.setting:
+            return cause
+    return "none"
+
+
+def tilt_by_step(run: Run) -> dict[int, float]:
+    """The failure tilt of each update step, from the run's per-sequence records."""
+    path = run_file(run.folder, SEQUENCES_FILE)
+    if path is None:
+        raise SystemExit(f"{run.folder}: no {SEQUENCES_FILE}; the tilt needs per-sequence records")
+    by_step = defaultdict(list)
+    for record in read_sequences(path):
+        if record.advantage is not None and record.model_tokens > 0:
+            by_step[record.step].append(record)
+    out = {}
+    for step, records in by_step.items():
+        weights = [
+            1.0
+            if r.kept_tokens is None
+            else (r.kept_tokens / r.model_tokens) * (r.is_weight_mean or 0.0)
+            for r in records
+        ]
+        tilted, mass = tilt_sums(
+            torch.tensor([r.advantage for r in records]),
+            torch.tensor([r.log_ratio_mean for r in records]),
+            torch.tensor(weights),
+        )
+        if mass > 0:
+            out[step] = tilted / mass
+    return out
+
+
+@dataclass(frozen=True)
+class Signals:
+    run: Run
+    by_key: dict[str, dict[int, float]]
+
+
+def signals(run: Run) -> Signals:
+    return Signals(run, {K3_KEY: values_by_step(run.rows, K3_KEY), TILT_KEY: tilt_by_step(run)})
+
+
+def firing_steps(values: dict[int, float], key: str, limit: float, smooth: int) -> list[int]:
+    """Steps at which a guard with this one absolute limit alerts."""
+    guard = CollapseGuard(CollapseGuard.Config(watch=(), absolute={key: limit}, smooth=smooth))
+    return [s for s in sorted(values) if guard.check(s, {key: values[s]}).fired]
+
+
+@dataclass(frozen=True)
+class Judged:
+    run: Run
+    first_firing: int | None
+    lead: int | None
+    """Collapse step minus the first firing at or before it (persisting collapses only)."""
+
+    @property
+    def kind(self) -> str:
+        v = self.run.verdict
+        return "collapse" if v.persisting else "recovered" if v.collapsed else "hold"
+
+
+def judge(sig: Signals, key: str, limit: float, smooth: int) -> Judged:
+    fired = firing_steps(sig.by_key[key], key, limit, smooth)
+    verdict = sig.run.verdict
+    lead = None
+    if verdict.persisting and verdict.collapse_step is not None:
+        before = [s for s in fired if s <= verdict.collapse_step]
+        lead = verdict.collapse_step - before[0] if before else None
+    return Judged(sig.run, fired[0] if fired else None, lead)
+
+
+@dataclass(frozen=True)
+class Score:
+    warned: int
+    collapses: int
+    false_alarms: int
+    holds: int
+
+    def cells(self) -> str:
+        return f"{self.warned}/{self.collapses} | {self.false_alarms}/{self.holds}"
+
+
+def score(judged: Sequence[Judged], min_lead: int) -> Score:
+    collapses = [j for j in judged if j.kind == "collapse"]
+    holds = [j for j in judged if j.kind == "hold"]
+    return Score(
+        sum(j.lead is not None and j.lead >= min_lead for j in collapses),
+        len(collapses),
+        sum(j.first_firing is not None for j in holds),
+        len(holds),
+    )
+
+
+def choose_limit(
+    sigs: Sequence[Signals], key: str, smooth: int, min_lead: int
+) -> tuple[float, Score]:
+    """The module docstring's rule: most warned, then fewest false alarms, then largest."""
+    best: tuple[tuple[int, int, float], float, Score] | None = None
+    for limit in GRID:
+        found = score([judge(s, key, limit, smooth) for s in sigs], min_lead)
+        rank = (found.warned, -found.false_alarms, limit)
+        if best is None or rank > best[0]:
+            best = (rank, limit, found)
+    assert best is not None
+    return best[1], best[2]
+
+
+NAMES = {K3_KEY: "k3", TILT_KEY: "failure tilt"}
+
+
+def loco_table(sigs: Sequence[Signals], smooth: int, min_lead: int) -> list[str]:
+    causes = sorted({cause_of(s.run) for s in sigs})
+    lines = [
+        "| signal | held-out cause | limit chosen on the other causes | "
+        "held-out persisting collapses warned | held-out holds with a false alarm |",
+        "|---|---|---|---|---|",
+    ]
+    for key in (K3_KEY, TILT_KEY):
+        for cause in causes:
+            rest = [s for s in sigs if cause_of(s.run) != cause]
+            held = [s for s in sigs if cause_of(s.run) == cause]
+            limit, _ = choose_limit(rest, key, smooth, min_lead)
+            found = score([judge(s, key, limit, smooth) for s in held], min_lead)
+            lines.append(f"| {NAMES[key]} | {cause} | {limit:g} | {found.cells()} |")
+    return lines
+
+
+def per_run_table(
+    sigs: Sequence[Signals], detectors: Sequence[tuple[str, float]], smooth: int, min_lead: int
+) -> list[str]:
+    head = " | ".join(f"{NAMES[k]} > {v:g}" for k, v in detectors)
+    lines = [
+        f"| run | outcome (collapse step) | {head} |",
+        "|---|---|" + "---|" * len(detectors),
+    ]
+    columns: list[list[Judged]] = [[judge(s, k, v, smooth) for s in sigs] for k, v in detectors]
+    for row, sig in enumerate(sigs):
+        v = sig.run.verdict
+        outcome = {"collapse": f"collapsed ({v.collapse_step})", "hold": "held"}.get(
+            columns[0][row].kind, f"dipped and recovered ({v.collapse_step})"
+        )
+        cells = []
+        for column in columns:
+            j = column[row]
+            if j.first_firing is None:
+                cells.append("quiet")
+            elif j.kind == "collapse":
+                lead = "not before the collapse" if j.lead is None else f"lead {j.lead}"
+                cells.append(f"step {j.first_firing} ({lead})")
+            else:
+                cells.append(f"step {j.first_firing}" + (" (false alarm)" * (j.kind == "hold")))
+        lines.append(f"| {sig.run.folder.name} | {outcome} | " + " | ".join(cells) + " |")
+    totals = [score(column, min_lead) for column in columns]
+    lines.append(
+        f"| **persisting collapses warned ≥ {min_lead} steps ahead; holds with a false alarm** | | "
+        + " | ".join(f"{t.warned}/{t.collapses}; {t.false_alarms}/{t.holds}" for t in totals)
+        + " |"
+    )
+    return lines
+
+
+def logged_agreement(sigs: Sequence[Signals]) -> str:
+    """How closely the tilt the trainer logged matches its replay from the records."""
+    gaps = [
+        abs(logged - s.by_key[TILT_KEY][step])
+        for s in sigs
+        for step, logged in values_by_step(s.run.rows, TILT_KEY).items()
+        if step in s.by_key[TILT_KEY]
+    ]
+    if not gaps:
+        return "No run logged `mismatch/failure_tilt` (runs before it was logged)."
+    return (
+        f"The tilt the trainer logged and its replay from the per-sequence records: "
+        f"{len(gaps)} steps, max |difference| {max(gaps):.1e}."
+    )
+
+
+def study(tuning: list[Run], new: list[Run], smooth: int, min_lead: int) -> str:
+    sigs = [signals(r) for r in tuning]
+    out = [
+        f"{len(tuning)} tuning runs; limits on the {smooth}-step trailing mean; warned = first "
+        f"alert at least {min_lead} steps before a persisting collapse; grid "
+        f"{GRID[0]:g} to {GRID[-1]:g}",
+        "",
+        "Leave one cause out (tuning runs):",
+        "",
+        *loco_table(sigs, smooth, min_lead),
+        "",
+    ]
+    frozen = []
+    for key in (K3_KEY, TILT_KEY):
+        limit, found = choose_limit(sigs, key, smooth, min_lead)
+        frozen.append((key, limit))
+        out.append(
+            f"- {NAMES[key]}: limit {limit:g} chosen on all {len(tuning)} tuning runs; on them "
+            f"{found.warned}/{found.collapses} persisting collapses warned, "
+            f"{found.false_alarms}/{found.holds} holds with a false alarm"
+        )
+    detectors = [REFERENCE, *frozen]
+    if new:
+        new_sigs = [signals(r) for r in new]
+        out += [
+            "",
+            f"New runs ({len(new)}; no limit was chosen on them):",
+            "",
+            *per_run_table(new_sigs, detectors, smooth, min_lead),
+            "",
+            logged_agreement(new_sigs),
+        ]
+    out += ["", "Tuning runs, the same detectors:", ""]
+    out += per_run_table(sigs, detectors, smooth, min_lead)
+    return "\n".join(out)
+
+
+def _runs(folders: Sequence[Path], pick: Callable[[Run], bool] = lambda r: True) -> list[Run]:
+    return [run for folder in folders for run in load_runs(folder) if pick(run)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", type=Path, nargs="+", help="result folders of tuning runs")
+    parser.add_argument("--new", type=Path, nargs="*", default=[], help="folders of new runs")
+    parser.add_argument("--smooth", type=int, default=5)
+    parser.add_argument("--lead", type=int, default=5, help="steps ahead that count as warned")
+    args = parser.parse_args()
+    logging.getLogger("tir_rl.mismatch.guard").setLevel(logging.ERROR)
+    tuning = _runs(args.results)
+    if not tuning:
+        raise SystemExit(f"no kept runs under {', '.join(map(str, args.results))}")
+    print(study(tuning, _runs(args.new), args.smooth, args.lead))
+
+
+if __name__ == "__main__":
+    main()
