@@ -312,6 +312,8 @@ class RunConfig:
 
     def _follow_kernels(self) -> None:
         """VLLM's kernels in the trainer need an engine whose decode rounds like its prefill."""
+        if self.trainer.kernels == "batch_invariant":
+            self._follow_batch_invariant_kernels()
         if self.trainer.kernels != "vllm_cpu":
             return
         if self.engine.kind is not EngineKind.LOCAL or self.engine.cpu_attention_split_kv:
@@ -323,6 +325,17 @@ class RunConfig:
                 "engine.cpu_attention_split_kv unset, or trainer.kernels torch."
             )
         self.engine = dataclasses.replace(self.engine, cpu_attention_split_kv=False)
+
+    def _follow_batch_invariant_kernels(self) -> None:
+        """The trainer's batch-invariant kernels go with the local engine's, named once."""
+        if self.engine.kind is not EngineKind.LOCAL or self.engine.batch_invariant is False:
+            raise ConfigError(
+                "trainer.kernels batch_invariant starts the run's local engine in vLLM's "
+                f"batch-invariant mode; this config has engine.kind {self.engine.kind} and "
+                f"engine.batch_invariant {self.engine.batch_invariant}. Use engine.kind local "
+                "and leave engine.batch_invariant unset, or trainer.kernels torch."
+            )
+        self.engine = dataclasses.replace(self.engine, batch_invariant=True)
 
     def _follow_run_seed(self) -> None:
         """Seed every random source left unset from `run.seed` (the saved config is explicit)."""

@@ -236,3 +236,46 @@ def test_an_injection_sets_the_samplers_dtype_and_logprobs_mode_or_refuses_a_con
             ["inject.raw_logprobs=true", "engine.logprobs_mode=processed_logits",
              "engine.allow_other_logprobs_mode=true"],
         )  # fmt: skip
+
+
+def test_batch_invariant_kernels_start_the_engine_batch_invariant_and_refuse_the_rest():
+    from tir_rl.run_config import RunConfig
+
+    invariant = [
+        "trainer.kernels=batch_invariant",
+        "trainer.packing=packed",
+        "trainer.attn_implementation=eager",
+    ]
+    assert config.load(RunConfig, None, invariant).engine.batch_invariant is True
+    assert config.load(RunConfig, None, []).engine.batch_invariant is None
+    with pytest.raises(ConfigError, match="engine.batch_invariant False"):
+        config.load(RunConfig, None, [*invariant, "engine.batch_invariant=false"])
+    with pytest.raises(ConfigError, match="trainer.attn_implementation sdpa"):
+        config.load(RunConfig, None, invariant[:2])
+    with pytest.raises(ConfigError, match="trainer.packing shared_prefix"):
+        config.load(RunConfig, None, [invariant[0], invariant[2]])
+
+
+def test_vllms_batch_invariant_mode_is_refused_where_vllm_lacks_it_and_set_for_a_start():
+    import os
+
+    import torch
+
+    from tir_rl.engine import batch_invariance
+    from tir_rl.trainer import Trainer
+    from tir_rl.trainer.placement import prepare_device
+
+    if torch.cuda.is_available():
+        pytest.skip("the refusals are for a machine without CUDA")
+    with pytest.raises(ConfigError, match="CUDA only; this engine runs on cpu"):
+        batch_invariance.check_platform(True)
+    batch_invariance.check_platform(False)
+    cpu_trainer = Trainer.Config(
+        kernels="batch_invariant", packing="packed", attn_implementation="eager"
+    )
+    with pytest.raises(ConfigError, match="batch-invariant CUDA kernels; the trainer runs on cpu"):
+        prepare_device(cpu_trainer)
+    os.environ.pop(batch_invariance.ENV, None)
+    with batch_invariance.environment(True):  # what the engine core inherits
+        assert os.environ[batch_invariance.ENV] == "1"
+    assert batch_invariance.ENV not in os.environ

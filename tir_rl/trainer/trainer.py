@@ -107,6 +107,7 @@ class Trainer:
         """
         from transformers import AutoModelForCausalLM
 
+        from tir_rl.trainer.batch_invariant_kernels import use_batch_invariant_kernels
         from tir_rl.trainer.vllm_cpu_kernels import use_vllm_cpu_kernels
 
         self.config = config or Trainer.Config()
@@ -119,6 +120,8 @@ class Trainer:
         self.lr_at(0)  # refuse a schedule that cannot run (cosine without its length) now
         seed_everything((self.config.seed or 0) + tdist.rank())
         self.device = placement.prepare_device(self.config)
+        if self.config.kernels == "batch_invariant":
+            use_batch_invariant_kernels()  # before the model: its ops are replaced process-wide
         self.lora_enabled = self.config.lora.enabled
         if self.lora_enabled:
             lora_ops.import_peft()  # refuse a missing extra before loading anything
@@ -366,14 +369,8 @@ class Trainer:
             old_logprobs, batch.sampler_logprobs, batch.loss_mask, batch.turn_ids
         )
         local.update(corrected.stats.to_dict())
-        local.update(
-            failure_tilt(
-                old_logprobs,
-                batch.sampler_logprobs,
-                batch.loss_mask,
-                advantages,
-                corrected.weights,
-            )
+        local |= failure_tilt(
+            old_logprobs, batch.sampler_logprobs, batch.loss_mask, advantages, corrected.weights
         )
         local.update(combine_loss_metrics(update.metric_rows))
         clock.mark("mismatch")

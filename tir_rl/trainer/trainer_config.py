@@ -77,14 +77,17 @@ class TrainerConfig:
     """Recompute activations in backward to save memory."""
     attn_implementation: str = "sdpa"
     """transformers attention kernel; must honour position_ids packing (sdpa, flash)."""
-    kernels: Literal["torch", "vllm_cpu"] = "torch"
+    kernels: Literal["torch", "vllm_cpu", "batch_invariant"] = "torch"
     """The ops of the trainer's forward. `torch`: transformers' model as it is. `vllm_cpu`:
     vLLM-CPU's own rotary embedding, attention kernel and oneDNN matrix products
     (`tir_rl.trainer.vllm_cpu_kernels`), with a plain-torch backward, so that the
     trainer's logprobs equal a float32 vLLM-CPU sampler's bit for bit wherever the
     engine's decode steps equal its own prefill (measured on the tiny and the trained lab
     model, not on the bundled one: docs/mismatch.md). CPU, float32, one rank, no LoRA,
-    and a packing other than shared_prefix."""
+    and a packing other than shared_prefix. `batch_invariant`: CUDA, vLLM's batch-invariant
+    mode in the trainer and the local engine (`tir_rl.trainer.batch_invariant_kernels`;
+    needs vLLM where the trainer runs, eager attention and a packing other than
+    shared_prefix). Untested: no GPU with vLLM was available to this project."""
     train_only: tuple[str, ...] = ()
     """Names of the parameters to train, as fnmatch patterns (`model.norm.weight`,
     `model.layers.2.*`); empty trains every parameter. The others stay frozen (no
@@ -128,6 +131,23 @@ class TrainerConfig:
                 "LoRA, or trainer.kernels torch."
             )
 
+    def _check_batch_invariant_kernels(self) -> None:
+        clashes = {
+            "trainer.packing": self.packing is Packing.SHARED_PREFIX and "shared_prefix",
+            "trainer.attn_implementation": self.attn_implementation != "eager"
+            and self.attn_implementation,
+            "trainer.device": self.device == "cpu" and "cpu",
+        }
+        given = {k: v for k, v in clashes.items() if v}
+        if given:
+            listed = ", ".join(f"{k} {v}" for k, v in given.items())
+            raise ConfigError(
+                f"trainer.kernels batch_invariant runs attention as batch-invariant matrix "
+                f"products on CUDA, every sequence whole; this config has {listed}. Set "
+                "trainer.packing packed, trainer.attn_implementation eager and a CUDA device, "
+                "or trainer.kernels torch (on a CPU: vllm_cpu)."
+            )
+
     def validate(self) -> None:
         """Check values a user can get wrong."""
         if self.temperature is not None and self.temperature <= 0:
@@ -140,6 +160,8 @@ class TrainerConfig:
             parse_cpu_list(self.cpu_cores, setting="trainer.cpu_cores")
         if self.kernels == "vllm_cpu":
             self._check_vllm_cpu_kernels()
+        if self.kernels == "batch_invariant":
+            self._check_batch_invariant_kernels()
         if self.packing is Packing.SHARED_PREFIX and self.attn_implementation != "sdpa":
             raise ConfigError(
                 f"trainer.packing shared_prefix computes its attention with sdpa "

@@ -1,0 +1,51 @@
+"""vLLM's batch-invariant mode for a local engine (`engine.batch_invariant`).
+
+With `VLLM_BATCH_INVARIANT=1` vLLM's workers run kernels whose results do not depend on the
+batch a request runs in (`vllm.model_executor.determinism`): the sampler's half of the
+bitwise on-policy result. The pinned vLLM offers it on CUDA only, so a CPU engine refuses it
+(`trainer.kernels: vllm_cpu` is the CPU's way). Untested on a GPU here: no GPU with vLLM was
+available to this project.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+from tir_rl.errors import ConfigError
+
+ENV = "VLLM_BATCH_INVARIANT"
+
+
+def check_platform(enabled: bool) -> None:
+    """Refuse the mode where vLLM does not offer it, or an environment that says otherwise."""
+    if not enabled:
+        return
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda():
+        raise ConfigError(
+            f"engine.batch_invariant starts vLLM in its batch-invariant mode, which the "
+            f"installed vLLM offers on CUDA only; this engine runs on "
+            f"{current_platform.device_type}. On a CPU, trainer.kernels vllm_cpu matches the "
+            "sampler instead; or set engine.batch_invariant false."
+        )
+    if os.environ.get(ENV, "1") != "1":
+        raise ConfigError(
+            f"engine.batch_invariant is on but the environment sets {ENV}={os.environ[ENV]}. "
+            "Unset it, or set engine.batch_invariant false."
+        )
+
+
+@contextlib.contextmanager
+def environment(enabled: bool) -> Iterator[None]:
+    """`VLLM_BATCH_INVARIANT=1` for an engine's start (its engine core inherits it)."""
+    if not enabled or ENV in os.environ:
+        yield
+        return
+    os.environ[ENV] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(ENV, None)
