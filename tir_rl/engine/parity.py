@@ -70,6 +70,27 @@ class SampledParityReport:
     temperature: float
 
 
+async def sample_continuations(
+    engine: Engine,
+    prompt_ids: Sequence[int],
+    *,
+    temperature: float,
+    num_samples: int,
+    max_tokens: int,
+) -> list[GenerateResult]:
+    """`num_samples` continuations of `prompt_ids` at once, seeded 0..num_samples−1."""
+    requests = (
+        GenerateRequest(
+            prompt_token_ids=list(prompt_ids),
+            max_tokens=max_tokens,
+            temperature=temperature,
+            seed=seed,
+        )
+        for seed in range(num_samples)
+    )
+    return list(await asyncio.gather(*(engine.generate(r) for r in requests)))
+
+
 async def probe_sampled(
     engine: Engine,
     trainer: TemperatureLogprobFn,
@@ -95,18 +116,8 @@ async def probe_sampled(
     """
     if not prompt_ids:
         raise ConfigError("the sampled parity probe needs a prompt of at least 1 token")
-    results = await asyncio.gather(
-        *(
-            engine.generate(
-                GenerateRequest(
-                    prompt_token_ids=list(prompt_ids),
-                    max_tokens=max_tokens,
-                    temperature=temperature,
-                    seed=seed,
-                )
-            )
-            for seed in range(num_samples)
-        )
+    results = await sample_continuations(
+        engine, prompt_ids, temperature=temperature, num_samples=num_samples, max_tokens=max_tokens
     )
     start = len(prompt_ids) - 1
     gaps: list[float] = []

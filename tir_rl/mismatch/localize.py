@@ -436,20 +436,13 @@ async def _sampled_stage(
     num_samples: int,
     max_tokens: int,
 ) -> StageGap:
-    import asyncio
-
     import torch
 
-    from tir_rl.engine.base import GenerateRequest
-    from tir_rl.engine.parity import transformers_logprobs
+    from tir_rl.engine.parity import sample_continuations, transformers_logprobs
 
-    results = await asyncio.gather(*(
-        engine.generate(GenerateRequest(
-            prompt_token_ids=list(prompt_ids), max_tokens=max_tokens,
-            temperature=temperature, seed=seed,
-        ))
-        for seed in range(num_samples)
-    ))  # fmt: skip
+    results = await sample_continuations(
+        engine, prompt_ids, temperature=temperature, num_samples=num_samples, max_tokens=max_tokens
+    )
     engine_lp: list[float] = []
     trainer_lp: list[float] = []
     for result in results:
