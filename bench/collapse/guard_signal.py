@@ -103,7 +103,10 @@ def signals(run: Run) -> Signals:
 
 def firing_steps(values: dict[int, float], key: str, limit: float, smooth: int) -> list[int]:
     """Steps at which a guard with this one absolute limit alerts."""
-    guard = CollapseGuard(CollapseGuard.Config(watch=(), absolute={key: limit}, smooth=smooth))
+    config = CollapseGuard.Config(
+        watch=(), failure_tilt_limit=None, absolute={key: limit}, smooth=smooth
+    )
+    guard = CollapseGuard(config)
     return [s for s in sorted(values) if guard.check(s, {key: values[s]}).fired]
 
 

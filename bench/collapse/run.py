@@ -55,11 +55,17 @@ LAB_CONFIG = HERE.parents[1] / "configs" / "lab.yaml"
 """`--lab` starts from the quickstart's config (the lab model, horizon 4, 8 samples per task,
 AdamW on `model.norm.weight` only; docs/lab_model.md) instead of `base.yaml`."""
 
-LAB_SIZE = (
-    "run.tasks_per_step=4",
-    "run.plot_every=4",
+LAB_GUARD = (
     'guard.absolute={"mismatch/k3_kl": 0.01}',
+    "guard.watch=[train/grad_norm, mismatch/k3_kl, mismatch/chi2_token]",
+    "guard.smooth=1",
+    "guard.failure_tilt_limit=null",
 )
+"""The guard every lab run records (alerts only, never acted on): k3 above 0.01 per step, and
+the gradient norm, k3 and χ² against 10x their rolling median: the guard's defaults until
+2026-11-29, named here so the recorded alerts keep one meaning."""
+
+LAB_SIZE = ("run.tasks_per_step=4", "run.plot_every=4", *LAB_GUARD)
 """What the lab runs change in configs/lab.yaml: half the tasks per step, and the guard's
 k3 alert of `base.yaml` (alerts are recorded, never acted on)."""
 
@@ -67,7 +73,7 @@ LAB_SFT_CONFIG = HERE.parents[1] / "configs" / "lab_sft.yaml"
 """`--lab-sft` starts from `make train`'s config (the trained lab model `lab-sft`, every weight
 at AdamW 1e-4, horizon 4, 8 tasks x 8 samples, 10 steps; docs/lab_model.md)."""
 
-LAB_SFT_SIZE = ("run.plot_every=5", 'guard.absolute={"mismatch/k3_kl": 0.01}')
+LAB_SFT_SIZE = ("run.plot_every=5", *LAB_GUARD)
 """What the trained lab model's runs change in configs/lab_sft.yaml: the guard's k3 alert of
 `base.yaml` (recorded, never acted on), and plots every 5 steps."""
 

@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "collapse" / "results"
 DOC = ROOT / "docs" / "collapse.md"
-SUITES = ("long", "map", "breaking", "sft_map", "sft_long")
+SUITES = ("long", "map", "breaking", "sft_map", "sft_long", "guard_new")
 SETTINGS_NOT_RESULTS = {"0.999", "1.001"}
 """The `geo_rs` band, quoted as a setting."""
 KEPT_OUTPUTS = tuple(
@@ -50,6 +50,13 @@ def _sequence_table() -> str:
     return study(load_runs(RESULTS / "sft_long"))
 
 
+@functools.cache
+def _guard_study() -> str:
+    from guard_signal import study
+
+    return study(load_runs(RESULTS / "sft_long"), load_runs(RESULTS / "guard_new"), 5, 5)
+
+
 @pytest.mark.parametrize("suite", SUITES)
 def test_each_kept_report_is_what_report_py_writes_from_its_records(suite):
     committed = (RESULTS / suite / "report.md").read_text()
@@ -68,7 +75,7 @@ def _figures(text: str) -> set[str]:
 
 def test_every_figure_collapse_md_quotes_is_in_a_regenerated_report():
     reports = "\n".join([*(_regenerated(suite) for suite in SUITES), _sequence_table(),
-                         *(path.read_text() for path in KEPT_OUTPUTS)])  # fmt: skip
+                         _guard_study(), *(path.read_text() for path in KEPT_OUTPUTS)])  # fmt: skip
     reports = re.sub(r"e-0*(\d)", r"e-\1", reports)
     quoted = _figures(DOC.read_text()) - SETTINGS_NOT_RESULTS
     assert len(quoted) > 100  # the page quotes its tables, not only prose
@@ -111,4 +118,12 @@ def test_the_readme_gives_the_command_that_wrote_each_kept_output(kept):
     scripts = re.findall(r"(\w+)\.py", command)
     assert any(kept.stem.startswith(script) for script in scripts), (
         f"the command before the line writing {kept.name} runs {scripts}, not its script"
+    )
+
+
+def test_the_guard_study_record_is_what_guard_signal_py_writes_from_the_kept_runs():
+    committed = (RESULTS / "guard_new" / "guard_signal.md").read_text()
+    assert _guard_study() + "\n" == committed, (
+        "run: python bench/collapse/guard_signal.py bench/collapse/results/sft_long --new "
+        "bench/collapse/results/guard_new > bench/collapse/results/guard_new/guard_signal.md"
     )

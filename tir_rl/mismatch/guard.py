@@ -1,11 +1,14 @@
-"""Collapse guard: flag spikes in gradient norm and mismatch metrics before they are applied.
+"""Collapse guard: warn of a collapse from the step's metrics, before its update is applied.
 
-Training collapses in long-horizon tool use tend to announce themselves: the sampler/trainer
-mismatch (k3 KL, chi-square) and the gradient norm jump by orders of magnitude within a
-step or two. The guard compares each watched metric with the rolling median of its recent
-history (and with optional absolute limits); on a spike it returns typed `Alert`s, saves
-the offending batch and metrics for inspection, and tells the loop what to do
-(`continue`, `skip_step`, or `stop`, after which the loop checkpoints and exits).
+By default it limits the failure tilt (`tir_rl.mismatch.failure_tilt`: whether the sampler
+favoured the update's failed episodes over the trainer, as the update weighs them) on its
+5-step trailing mean. On the collapse lab's runs that signal foretold the collapses of an
+uncorrected run under lag or a biased sampler, and stayed quiet where a correction held the
+run, where k3 alarmed in every lagging run alike (docs/collapse.md A6). Further absolute
+limits (`absolute`), relative rules against a metric's rolling median (`watch`: they alerted
+in every run that held, A3) and non-finite values are checked too. On an alert it returns
+typed `Alert`s, saves the offending batch and metrics for inspection, and tells the loop
+what to do (`continue`, `skip_step`, or `stop`, after which the loop checkpoints and exits).
 
 Every step that sampled a token is checked: an update before it is applied
 (`Trainer.train_step`), and a step whose groups carry no learning signal after its batch is
@@ -33,8 +36,14 @@ from typing import Any
 import torch
 
 from tir_rl.errors import ConfigError
+from tir_rl.mismatch.failure_tilt import TILT_KEY
 
 logger = logging.getLogger(__name__)
+
+
+DEFAULT_TILT_LIMIT = 0.01
+"""The failure tilt's 5-step-mean limit, chosen on the collapse lab's kept runs by
+`bench/collapse/guard_signal.py` (docs/collapse.md A6)."""
 
 
 class GuardAction(StrEnum):
@@ -94,8 +103,10 @@ class CollapseGuard:
 
         enabled: bool = True
         """Turn the guard off entirely (no checks, no saves)."""
-        watch: tuple[str, ...] = ("train/grad_norm", "mismatch/k3_kl", "mismatch/chi2_token")
-        """Metric names checked against their rolling median."""
+        watch: tuple[str, ...] = ()
+        """Metric names checked against their rolling median, e.g. `train/grad_norm`. None by
+        default: over the collapse lab's 32 long runs such relative rules alerted in every
+        run that never collapsed (docs/collapse.md A3)."""
         factor: float = 10.0
         """A value above `factor` × rolling median of its history is a spike."""
         window: int = 20
@@ -104,13 +115,21 @@ class CollapseGuard:
         """Relative checks start once this many past values are known."""
         min_median: float = 1e-8
         """Floor under the median, so a zero history (an exact sampler) does not flag noise."""
+        failure_tilt_limit: float | None = DEFAULT_TILT_LIMIT
+        """Upper limit on the failure tilt's trailing mean over `smooth` steps
+        (`mismatch/failure_tilt`, `tir_rl.mismatch.failure_tilt`): on the collapse lab's new
+        runs it foretold every collapse and alarmed none of the runs that held, where k3
+        alarmed most (docs/collapse.md A6). None: no limit."""
         absolute: dict[str, float] = field(default_factory=dict)
-        """Hard upper limits per metric name, e.g. `{"mismatch/k3_kl": 0.01}`, on the
-        trailing mean over `smooth` steps."""
-        smooth: int = 1
+        """Further upper limits per metric name on its trailing mean over `smooth` steps, e.g.
+        `{"mismatch/k3_kl": 0.003}` (one for `mismatch/failure_tilt` replaces
+        `failure_tilt_limit`)."""
+        smooth: int = 5
         """Steps in the trailing mean the absolute limits are checked on, from the step at
         which that many values are known (1: each step's own value, from the first step).
         The collapse lab judged its detectors on 5-step means (docs/collapse.md A3, A6)."""
+        nonfinite: tuple[str, ...] = ("train/grad_norm", "train/loss", "mismatch/k3_kl")
+        """Metric names whose non-finite value is an alert (also those watched or limited)."""
         action: GuardAction = GuardAction.CONTINUE
         """What the loop does on a spike: continue, skip_step or stop."""
         save_dir: Path | None = None
@@ -132,8 +151,14 @@ class CollapseGuard:
         self._history: dict[str, deque[float]] = {
             name: deque(maxlen=self.config.window) for name in self.config.watch
         }
+        tilt = self.config.failure_tilt_limit
+        self._limits: dict[str, float] = {
+            **({} if tilt is None else {TILT_KEY: tilt}),
+            **self.config.absolute,
+        }
+        """Every absolute limit: the failure tilt's and `absolute`."""
         self._recent: dict[str, deque[float]] = {
-            name: deque(maxlen=self.config.smooth) for name in self.config.absolute
+            name: deque(maxlen=self.config.smooth) for name in self._limits
         }
         """The last `smooth` finite values of each metric with an absolute limit."""
         self.num_alerts = 0
@@ -162,7 +187,7 @@ class CollapseGuard:
         if not cfg.enabled:
             return GuardDecision(GuardAction.CONTINUE)
         alerts = []
-        for name in (*cfg.watch, *(k for k in cfg.absolute if k not in cfg.watch)):
+        for name in dict.fromkeys((*cfg.watch, *self._limits, *cfg.nonfinite)):
             if name not in metrics:
                 continue
             alert = self._check_one(step, name, float(metrics[name]))
@@ -185,7 +210,7 @@ class CollapseGuard:
         cfg = self.config
         if not math.isfinite(value):
             return Alert(step, name, value, math.inf, "nonfinite")
-        limit = cfg.absolute.get(name)
+        limit = self._limits.get(name)
         if limit is not None:
             recent = self._recent[name]
             recent.append(value)

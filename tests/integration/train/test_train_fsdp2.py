@@ -207,7 +207,7 @@ def _train_rows(run_dir: Path) -> list[dict]:
 
 def test_a_guard_stop_stops_every_rank_together(tmp_path):
     proc = _start(
-        tmp_path, "guard.action=stop", "guard.absolute={train/grad_norm: 1.0e-12}"
+        tmp_path, "guard.action=stop", "guard.absolute={train/grad_norm: 1.0e-12}", "guard.smooth=1"
     )  # any update fires it at step 1
     outcomes = _finish(proc, tmp_path)
     logs = _logs(outcomes)

@@ -196,7 +196,7 @@ def test_steps_without_learning_signal_make_no_update_and_the_guard_watches_them
     # no update ever runs; the mismatch is still measured, and k3 ≥ 0 > −1 alerts the guard.
     config = tiny_config(
         tmp_path, "run.steps=3", "run.eval_tasks=1", "guard.action=stop",
-        'guard.absolute={"mismatch/k3_kl": -1.0}', env_id="tir_rl/MultiHop-v0",
+        'guard.absolute={"mismatch/k3_kl": -1.0}', "guard.smooth=1", env_id="tir_rl/MultiHop-v0",
     )  # fmt: skip
     summary = run_train(config)
     assert summary.stopped_by_guard and summary.steps_done == 1

@@ -98,7 +98,10 @@ def test_guard_skip_step_drops_the_update_and_saves_the_batch(make_trainer, tmp_
     batch = make_batch()
     guard = CollapseGuard(
         CollapseGuard.Config(
-            absolute={"train/grad_norm": 1e-9}, action=GuardAction.SKIP_STEP, save_dir=tmp_path
+            absolute={"train/grad_norm": 1e-9},
+            smooth=1,
+            action=GuardAction.SKIP_STEP,
+            save_dir=tmp_path,
         )
     )
     before = params(trainer)
@@ -118,7 +121,7 @@ def test_a_batch_without_signal_is_scored_and_watched_by_the_guard(make_trainer,
     batch = with_sampler_logprobs(batch, trainer.compute_logprobs(batch) - off_by)
     guard = CollapseGuard(
         CollapseGuard.Config(
-            absolute={"mismatch/k3_kl": 1e-4}, action=GuardAction.STOP, save_dir=tmp_path
+            absolute={"mismatch/k3_kl": 1e-4}, smooth=1, action=GuardAction.STOP, save_dir=tmp_path
         )
     )
     before = params(trainer)
