@@ -28,7 +28,7 @@ import argparse
 import logging
 import sys
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -276,8 +276,8 @@ def study(tuning: list[Run], new: list[Run], smooth: int, min_lead: int) -> str:
     return "\n".join(out)
 
 
-def _runs(folders: Sequence[Path], pick: Callable[[Run], bool] = lambda r: True) -> list[Run]:
-    return [run for folder in folders for run in load_runs(folder) if pick(run)]
+def _runs(folders: Sequence[Path]) -> list[Run]:
+    return [run for folder in folders for run in load_runs(folder)]
 
 
 def main() -> None:

@@ -11,11 +11,20 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
 
+from tir_rl.engine.start_environment import variable_for_start
 from tir_rl.errors import ConfigError
 
 ENV = "VLLM_BATCH_INVARIANT"
+
+
+def check_environment(setting: str, alternative: str) -> None:
+    """Refuse `setting` when the environment turns vLLM's batch-invariant mode off."""
+    if os.environ.get(ENV, "1") != "1":
+        raise ConfigError(
+            f"{setting} turns vLLM's batch-invariant mode on, but the environment sets "
+            f"{ENV}={os.environ[ENV]}. Unset it, or {alternative}."
+        )
 
 
 def check_platform(enabled: bool) -> None:
@@ -31,21 +40,9 @@ def check_platform(enabled: bool) -> None:
             f"{current_platform.device_type}. On a CPU, trainer.kernels vllm_cpu matches the "
             "sampler instead; or set engine.batch_invariant false."
         )
-    if os.environ.get(ENV, "1") != "1":
-        raise ConfigError(
-            f"engine.batch_invariant is on but the environment sets {ENV}={os.environ[ENV]}. "
-            "Unset it, or set engine.batch_invariant false."
-        )
+    check_environment("engine.batch_invariant", "set engine.batch_invariant false")
 
 
-@contextlib.contextmanager
-def environment(enabled: bool) -> Iterator[None]:
+def environment(enabled: bool) -> contextlib.AbstractContextManager[None]:
     """`VLLM_BATCH_INVARIANT=1` for an engine's start (its engine core inherits it)."""
-    if not enabled or ENV in os.environ:
-        yield
-        return
-    os.environ[ENV] = "1"
-    try:
-        yield
-    finally:
-        os.environ.pop(ENV, None)
+    return variable_for_start(ENV, "1" if enabled else None)

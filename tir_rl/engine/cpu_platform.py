@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from tir_rl.cpu_cores import format_cpu_list, parse_cpu_list
+from tir_rl.engine.start_environment import variable_for_start
 from tir_rl.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -41,23 +42,6 @@ _SPLIT_KV_VAR = "VLLM_CPU_ATTN_SPLIT_KV"
 
 
 @contextlib.contextmanager
-def _environment_default(name: str, value: str | None) -> Iterator[None]:
-    """Set `name` to `value` for the block unless the user's environment already sets it.
-
-    Only for the block: a later engine in the same process gets its own setting, not the
-    first one's left behind in `os.environ`.
-    """
-    if value is None or name in os.environ:
-        yield
-        return
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        os.environ.pop(name, None)
-
-
-@contextlib.contextmanager
 def thread_environment(config: CpuSettings) -> Iterator[None]:
     """The reserved-core, thread-binding and KV-split variables of `config`, for a start."""
     reserved = None if config.cpu_reserved_cores is None else str(config.cpu_reserved_cores)
@@ -66,9 +50,9 @@ def thread_environment(config: CpuSettings) -> Iterator[None]:
         bound = format_cpu_list(parse_cpu_list(config.cpu_cores, setting="engine.cpu_cores"))
     split = config.cpu_attention_split_kv
     with (
-        _environment_default(_RESERVED_CORES_VAR, reserved),
-        _environment_default(_BOUND_CORES_VAR, bound),
-        _environment_default(_SPLIT_KV_VAR, None if split is None else str(int(split))),
+        variable_for_start(_RESERVED_CORES_VAR, reserved),
+        variable_for_start(_BOUND_CORES_VAR, bound),
+        variable_for_start(_SPLIT_KV_VAR, None if split is None else str(int(split))),
     ):
         yield
 

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import os
 
+from tir_rl.engine.batch_invariance import ENV, check_environment
 from tir_rl.errors import ConfigError
-
-ENV = "VLLM_BATCH_INVARIANT"
 
 
 def use_batch_invariant_kernels() -> None:
@@ -32,11 +31,7 @@ def use_batch_invariant_kernels() -> None:
         ConfigError: vLLM is not installed where the trainer runs, or the environment sets
             `VLLM_BATCH_INVARIANT` to something other than 1.
     """
-    if os.environ.get(ENV, "1") != "1":
-        raise ConfigError(
-            f"trainer.kernels batch_invariant turns vLLM's batch-invariant mode on, but the "
-            f"environment sets {ENV}={os.environ[ENV]}. Unset it, or use trainer.kernels torch."
-        )
+    check_environment("trainer.kernels batch_invariant", "use trainer.kernels torch")
     os.environ[ENV] = "1"
     try:
         from vllm.model_executor.determinism import batch_invariant

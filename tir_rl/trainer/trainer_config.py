@@ -121,15 +121,13 @@ class TrainerConfig:
             "trainer.device": self.device not in ("auto", "cpu") and self.device,
             "trainer.lora.enabled": self.lora.enabled and "true",
         }
-        given = {k: v for k, v in clashes.items() if v}
-        if given:
-            listed = ", ".join(f"{k} {v}" for k, v in given.items())
-            raise ConfigError(
-                f"trainer.kernels vllm_cpu computes the forward with vLLM-CPU's float32 "
-                f"ops on one CPU rank, every sequence whole; this config has {listed}. Set "
-                "trainer.packing packed, trainer.dtype float32, trainer.device cpu and no "
-                "LoRA, or trainer.kernels torch."
-            )
+        _refuse_clashes(
+            clashes,
+            "trainer.kernels vllm_cpu computes the forward with vLLM-CPU's float32 ops on one "
+            "CPU rank, every sequence whole",
+            "trainer.packing packed, trainer.dtype float32, trainer.device cpu and no LoRA, or "
+            "trainer.kernels torch.",
+        )
 
     def _check_batch_invariant_kernels(self) -> None:
         clashes = {
@@ -138,15 +136,13 @@ class TrainerConfig:
             and self.attn_implementation,
             "trainer.device": self.device == "cpu" and "cpu",
         }
-        given = {k: v for k, v in clashes.items() if v}
-        if given:
-            listed = ", ".join(f"{k} {v}" for k, v in given.items())
-            raise ConfigError(
-                f"trainer.kernels batch_invariant runs attention as batch-invariant matrix "
-                f"products on CUDA, every sequence whole; this config has {listed}. Set "
-                "trainer.packing packed, trainer.attn_implementation eager and a CUDA device, "
-                "or trainer.kernels torch (on a CPU: vllm_cpu)."
-            )
+        _refuse_clashes(
+            clashes,
+            "trainer.kernels batch_invariant runs attention as batch-invariant matrix products "
+            "on CUDA, every sequence whole",
+            "trainer.packing packed, trainer.attn_implementation eager and a CUDA device, or "
+            "trainer.kernels torch (on a CPU: vllm_cpu).",
+        )
 
     def validate(self) -> None:
         """Check values a user can get wrong."""
@@ -182,3 +178,11 @@ class TrainerConfig:
             schedule_steps=self.schedule_steps,
             min_lr_ratio=self.min_lr_ratio,
         )
+
+
+def _refuse_clashes(clashes: dict[str, str | bool], needs: str, fix: str) -> None:
+    """Raise `ConfigError` naming every setting in `clashes` whose value is truthy."""
+    given = {k: v for k, v in clashes.items() if v}
+    if given:
+        listed = ", ".join(f"{k} {v}" for k, v in given.items())
+        raise ConfigError(f"{needs}; this config has {listed}. Set {fix}")
