@@ -167,6 +167,9 @@ def test_drop_cancels_a_late_group_and_admits_a_new_task(tokenizer):
         taken = buffer.take()  # group 0 hangs in its tool; group 1 (due 1) finishes
         assert [g.ticket.index for g in taken.groups] == [1]
         assert [t.index for t in taken.dropped] == [0]
+        # Task 2 replaces the dropped group, due at step 1. Let it finish before the clock
+        # admits task 3 (due 2), which would otherwise race it to be step 1's first group.
+        wait_until(lambda: buffer.snapshot()[2] == 1)
         buffer.advance_clock(1)
         assert [g.ticket.index for g in buffer.take().groups] == [2]
     finally:
