@@ -2,12 +2,15 @@
 
 Each task lists 2-4 amounts and asks the model to enter them in a ledger one at a time with
 the `add` tool, then to answer with the final total in `<total>` tags. The ledger is a
-verifiers toolset (`Ledger`, an MCP tool server that verifiers starts per episode in a local
-subprocess): its tools read and write the episode's `LedgerState`, which verifiers keeps
-across the episode's turns and hands to the rubric. The rewards: `total` (1 when the answer
-is the sum) and `entered` (the share of the amounts entered in order, read from the state:
-an answer computed without the tool scores 0 there). `@vf.stop` ends the episode after
-`MAX_TURNS` model turns; otherwise it ends when the model answers without a tool call.
+taskset-scoped verifiers toolset (`Ledger`, declared in `LedgerTaskset.toolsets`): one MCP
+tool server that verifiers starts once for the environment, in a local subprocess, and that
+every episode calls. Its tools read and write the calling episode's `LedgerState`, which
+verifiers keeps per episode (through its signed per-episode state channel) across the
+episode's turns and hands to the rubric. The rewards: `total` (1 when the answer is the sum)
+and `entered` (the amounts entered in order, as a share of the amounts or of the entries,
+whichever is more; read from the state, so an answer computed without the tool scores 0
+there). `@vf.stop` ends the episode after `MAX_TURNS` model turns; otherwise it ends when the
+model answers without a tool call.
 
 It runs in the verifiers virtual environment (`scripts/setup_verifiers.sh`); `worker.py
 --env vf_ledger` plays it. verifiers starts the tool server as ``python -m vf_ledger``, so
@@ -58,10 +61,6 @@ class LedgerData(vf.TaskData):
 
 
 class LedgerTask(vf.Task[LedgerData, LedgerState]):
-    @classmethod
-    def toolsets(cls, config: vf.TaskConfig) -> list[vf.Toolset]:
-        return [Ledger(vf.ToolsetConfig())]
-
     @vf.stop
     async def out_of_turns(self, trace: vf.Trace) -> bool:
         return trace.num_turns >= MAX_TURNS
@@ -75,7 +74,7 @@ class LedgerTask(vf.Task[LedgerData, LedgerState]):
     async def entered(self, trace: vf.Trace) -> float:
         entries, amounts = trace.state.entries, self.data.amounts
         in_order = sum(a == b for a, b in zip(entries, amounts, strict=False))
-        return in_order / len(amounts) if len(entries) == len(amounts) else 0.0
+        return in_order / max(len(entries), len(amounts))
 
 
 class LedgerConfig(vf.TasksetConfig):
@@ -87,6 +86,10 @@ class LedgerConfig(vf.TasksetConfig):
 
 class LedgerTaskset(vf.Taskset[LedgerTask, LedgerConfig]):
     """`num_tasks` lists of 2-4 amounts between 1 and 20, drawn from the split's seed."""
+
+    @classmethod
+    def toolsets(cls, config: LedgerConfig) -> list[vf.Toolset]:
+        return [Ledger(vf.SharedToolsetConfig())]
 
     def load(self) -> list[LedgerTask]:
         """The split's tasks, in order (verifiers sets each one's `idx`)."""

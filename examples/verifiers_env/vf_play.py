@@ -78,6 +78,16 @@ async def play(env: Any, tasks: list[Any], index: int, base_url: str) -> dict[st
         "rewards": {k: v.model_dump() for k, v in trace.rewards.items() if v is not None},
         "reply": trace.last_reply,
         "num_calls": len(trace.calls),
+        "turns": [
+            {
+                "content": message.content,
+                "tool_calls": [
+                    {"name": call.name, "arguments": call.arguments}
+                    for call in message.tool_calls or ()
+                ],
+            }
+            for message in trace.assistant_messages
+        ],
     }
 
 
