@@ -103,5 +103,5 @@ class LedgerTaskset(vf.Taskset[LedgerTask, LedgerConfig]):
         return tasks
 
 
-if __name__ == "__main__":  # verifiers starts the tool server this way, once per episode
+if __name__ == "__main__":  # verifiers starts the tool server this way, once per split
     Ledger.run()
