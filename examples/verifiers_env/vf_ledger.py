@@ -89,6 +89,7 @@ class LedgerTaskset(vf.Taskset[LedgerTask, LedgerConfig]):
 
     @classmethod
     def toolsets(cls, config: LedgerConfig) -> list[vf.Toolset]:
+        """The ledger, one server for every episode (verifiers keeps each one's state)."""
         return [Ledger(vf.SharedToolsetConfig())]
 
     def load(self) -> list[LedgerTask]:
