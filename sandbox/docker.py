@@ -192,6 +192,7 @@ class DockerWorker:
         self._reader = LineReader(self._recv_stdout, max_line_bytes=max_line_bytes)
         self._killed = False
         self._kill_lock = threading.Lock()
+        self._started = int(time.time()) - 1
 
     def request(self, payload: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
         """Send one request and wait (at most `timeout_s`) for the answer."""
@@ -241,7 +242,7 @@ class DockerWorker:
             time.sleep(0.05)
             state = self.api.inspect_container(self.container_id)["State"]
         code = state.get("ExitCode")
-        if state.get("OOMKilled"):
+        if state.get("OOMKilled") or (code == 128 + 9 and self._oom_recorded_late()):
             return f"the memory limit ({self.memory_mb} MiB) was exceeded and the interpreter " \
                    "was killed"
         if state.get("Running"):
@@ -252,6 +253,31 @@ class DockerWorker:
                     15: "SIGTERM"}.get(sig, f"signal {sig}")
             return f"the interpreter was killed by {what}"
         return f"the interpreter exited with status {code}"
+
+    def _oom_recorded_late(self, wait_s: float = 1.0) -> bool:
+        """Whether Docker records an OOM kill of this container within `wait_s`.
+
+        Docker can record a SIGKILLed container's exit before the kernel's OOM event reaches
+        it, and then `OOMKilled` reads false at first; its event log has the `oom` event.
+        """
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                if self.api.inspect_container(self.container_id)["State"].get("OOMKilled"):
+                    return True
+                events = self.api.events(
+                    since=self._started,
+                    until=int(time.time()) + 1,
+                    filters={"container": self.container_id, "event": "oom"},
+                    decode=True,
+                )
+                if any(True for _ in events):
+                    return True
+            except Exception:  # noqa: BLE001 - the container may already be gone
+                return False
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
 
     def kill(self) -> None:
         """Remove the container (killing everything in it); idempotent."""
