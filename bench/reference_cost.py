@@ -27,7 +27,7 @@ from trainer_cost import (
 )
 
 from tir_rl.trainer import Trainer
-from tir_rl.trainer.loss import GRPOLoss
+from tir_rl.trainer.loss import GRPOLoss, LossTerms
 
 VARIANTS = ("full", "full_kl", "lora", "lora_kl")
 
@@ -40,7 +40,7 @@ def measure(args: argparse.Namespace, variant: str) -> dict[str, float]:
         micro_batch_tokens=args.micro_batch_tokens,
     )  # fmt: skip
     kl_coef = args.kl_coef if variant.endswith("_kl") else 0.0
-    trainer = Trainer(config, loss_fn=GRPOLoss(GRPOLoss.Config(kl_coef=kl_coef)))
+    trainer = Trainer(config, loss_fn=GRPOLoss(terms=LossTerms(kl_coef=kl_coef)))
     row, last = time_steps(trainer, args, rss_mib())
     return {**row, "ref_kl": last.metrics.get("train/ref_kl", 0.0)}
 

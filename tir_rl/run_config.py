@@ -24,7 +24,6 @@ from tir_rl.engine.base import PROCESSED_LOGPROBS
 from tir_rl.engine.engine_config import EngineConfig, EngineKind
 from tir_rl.errors import ConfigError
 from tir_rl.mismatch import MismatchCorrection
-from tir_rl.mismatch.correction import BypassMode
 from tir_rl.mismatch.guard import CollapseGuard
 from tir_rl.mismatch.injection import RAW_LOGPROBS, MismatchInjection
 from tir_rl.report.sinks import DEFAULT_LOGGERS, LoggerName, check_logger_names
@@ -33,7 +32,7 @@ from tir_rl.rollout import Rollout
 from tir_rl.rollout.buffer import LateGroups
 from tir_rl.sandbox import SandboxConfig
 from tir_rl.trainer import Trainer
-from tir_rl.trainer.loss import GRPOLoss
+from tir_rl.trainer.loss.choice import PolicyLossConfig
 from tir_rl.trainer.lr_schedule import LRSchedule
 
 logger = logging.getLogger(__name__)
@@ -84,6 +83,19 @@ class RunSection:
     drop them when `loss.kl_coef` is 0, keep them with a KL penalty, since the KL term gives
     degenerate groups (advantage 0) gradient towards the reference; the saved config records
     the choice. `true` with `loss.kl_coef` > 0 is refused."""
+    refill_degenerate_groups: bool = False
+    """Zero-variance refill (DAPO's dynamic sampling): a group whose rewards all tie gives its
+    place back and another task is drawn for the same step, until the step holds
+    `tasks_per_step` groups with a learning signal or has drawn `max_tasks_per_step` tasks;
+    then it trains on what it has and logs a warning. Keeps every step's size and noise the
+    same whatever the task mix. Metrics: `rollout/tasks_drawn`, `rollout/tied_groups`,
+    `rollout/groups_with_signal`. The tied groups are scored and counted, never trained on;
+    needs degenerate groups dropped (`drop_degenerate_groups`, so no KL penalty). The task
+    stream then no longer maps step s to groups s·tasks_per_step ...: each step draws what it
+    needs."""
+    max_tasks_per_step: int | None = None
+    """The most tasks one step draws with `refill_degenerate_groups` (at least
+    `tasks_per_step`). null: 4 × tasks_per_step. Refused without refill."""
     placebo_drop: tuple[float, float] | None = None
     """A control for the collapse lab, not a method: [p_failed, p_succeeded]. After the
     advantages are computed, each failed episode (advantage < 0) leaves the update with
@@ -134,12 +146,31 @@ class RunSection:
         for name in ("eval_every", "checkpoint_every", "plot_every", "save_trajectories"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"run.{name} must be >= 0, got {getattr(self, name)}")
+        if self.max_tasks_per_step is not None:
+            if not self.refill_degenerate_groups:
+                raise ConfigError(
+                    f"run.max_tasks_per_step={self.max_tasks_per_step} bounds the zero-variance "
+                    "refill, which is off: set run.refill_degenerate_groups=true, or drop "
+                    "run.max_tasks_per_step."
+                )
+            if self.max_tasks_per_step < self.tasks_per_step:
+                raise ConfigError(
+                    f"run.max_tasks_per_step ({self.max_tasks_per_step}) must be at least "
+                    f"run.tasks_per_step ({self.tasks_per_step})"
+                )
         drop = self.placebo_drop
         if drop is not None and not (len(drop) == 2 and all(0 <= p <= 1 for p in drop)):
             raise ConfigError(
                 f"run.placebo_drop must be [p_failed, p_succeeded], two probabilities in "
                 f"[0, 1], or null for off; got {drop}"
             )
+
+    @property
+    def max_draws_per_step(self) -> int | None:
+        """Tasks one step may draw with refill (the bound, resolved); None: no refill."""
+        if not self.refill_degenerate_groups:
+            return None
+        return self.max_tasks_per_step or 4 * self.tasks_per_step
 
 
 @dataclass(kw_only=True)
@@ -196,7 +227,7 @@ class RunConfig:
     trainer: Trainer.Config = field(
         default_factory=lambda: Trainer.Config(model=FOLLOWS_MODEL, temperature=FOLLOWS_ROLLOUT)
     )
-    loss: GRPOLoss.Config = field(default_factory=GRPOLoss.Config)
+    loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     correction: MismatchCorrection.Config = field(default_factory=MismatchCorrection.Config)
     correction_preset: str | None = None
     """A named correction recipe (see `MismatchCorrection.Config.preset`); fields set in
@@ -229,12 +260,6 @@ class RunConfig:
             }
             self.correction = MismatchCorrection.Config.preset(self.correction_preset, **changed)
             self.correction_preset = None  # folded in: the saved config is explicit
-        if self.correction.bypass is BypassMode.REINFORCE:
-            raise ConfigError(
-                "correction.bypass=reinforce needs per-micro-batch weights from the current "
-                "policy's logprobs, which the trainer does not compute; use correction.bypass "
-                "off (decoupled) or ppo_clip."
-            )
         self._warn_stale_sequence_masks()
         self._follow_model()
         self._follow_run_seed()
@@ -255,6 +280,13 @@ class RunConfig:
                 "the reference), so dropping it changes the update. Set "
                 "run.drop_degenerate_groups=false, or leave it unset (null keeps them with a KL "
                 "penalty and drops them without one)."
+            )
+        if self.run.refill_degenerate_groups and not self.run.drop_degenerate_groups:
+            raise ConfigError(
+                "run.refill_degenerate_groups draws new tasks for groups whose rewards tie, "
+                "which the update leaves out; this config keeps them "
+                f"(run.drop_degenerate_groups false, loss.kl_coef {self.loss.kl_coef}). Turn "
+                "the refill off, or drop degenerate groups (no KL penalty)."
             )
 
     def _warn_stale_sequence_masks(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import given, settings
@@ -255,3 +256,99 @@ def test_buffer_take_raises_what_the_producer_closed_it_with():
 def test_a_finished_run_resumed_admits_nothing():
     s = schedule(k=2, steps=3, first_step=3, next_index=6)
     assert s.admit() is None and s.pending_indices() == []
+
+
+# ---------------------------------------------------------------- zero-variance refill
+
+
+@dataclass(frozen=True)
+class PlayedFake:
+    """A played episode as the buffer reads it: its reward alone (a fake trajectory)."""
+
+    reward: float
+
+
+def played(*rewards: float) -> list:
+    return [PlayedFake(r) for r in rewards]
+
+
+TIED, SIGNAL = played(1.0, 1.0), played(0.0, 1.0)
+
+
+def test_refill_draws_a_new_task_for_each_tied_group_of_the_step():
+    s = schedule(k=0, b=2, max_draws_per_step=4)
+    first = admit_all(s)
+    assert [t.index for t in first] == [0, 1]
+    s.finish(first[0], TIED)  # gives its place back: a new task is drawn for step 0
+    assert not s.ready()
+    (again,) = admit_all(s)
+    assert (again.index, again.due_step) == (2, 0)
+    s.finish(first[1], SIGNAL)
+    assert not s.ready()
+    s.finish(again, SIGNAL)
+    taken = s.take()
+    assert [g.ticket.index for g in taken.groups] == [1, 2, 0]  # with signal first, then tied
+    assert [g.tied for g in taken.groups] == [False, False, True]
+    assert taken.num_drawn == 3 and taken.num_tied == 1
+
+
+def test_refill_stops_at_its_bound_and_the_step_trains_what_it_has():
+    s = schedule(k=0, b=2, max_draws_per_step=3)
+    tickets = admit_all(s)
+    s.finish(tickets[0], TIED)
+    tickets += admit_all(s)
+    s.finish(tickets[1], TIED)
+    assert admit_all(s) == []  # three drawn: the bound
+    assert not s.ready()  # the third is still being played
+    s.finish(tickets[2], SIGNAL)
+    taken = s.take()
+    assert [(g.ticket.index, g.tied) for g in taken.groups] == [(2, False), (0, True), (1, True)]
+    assert taken.num_drawn == 3
+
+
+def test_without_refill_a_tied_group_keeps_its_place():
+    s = schedule(k=0, b=2)
+    first = admit_all(s)
+    s.finish(first[0], TIED)
+    assert admit_all(s) == []
+    s.finish(first[1], SIGNAL)
+    taken = s.take()
+    assert [g.ticket.index for g in taken.groups] == [0, 1] and taken.num_tied == 0
+
+
+def test_refill_below_the_step_size_is_refused():
+    with pytest.raises(ConfigError, match="max_tasks_per_step"):
+        schedule(k=0, b=4, max_draws_per_step=3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    k=st.integers(0, 2),
+    b=st.integers(1, 3),
+    extra=st.integers(0, 3),
+    seed=st.integers(0, 10_000),
+    late=st.sampled_from(list(LateGroups)),
+)
+def test_refill_keeps_the_staleness_bound_and_fills_every_step_it_can(k, b, extra, seed, late):
+    """Groups finish in random order and tie at random; every step holds b groups with signal
+    unless it drew its bound, and no group is trained later than its due step."""
+    rng = random.Random(seed)
+    bound = b + extra
+    s = schedule(k=k, b=b, steps=6, late=late, max_draws_per_step=bound)
+    running: list = []
+    for step in range(6):
+        while True:
+            running += admit_all(s)
+            if s.ready():
+                break
+            assert running, "a step that is not ready has a group in play"
+            ticket = running.pop(rng.randrange(len(running)))
+            s.finish(ticket, TIED if rng.random() < 0.5 else SIGNAL)
+        taken = s.take()
+        running = [t for t in running if t not in taken.dropped]
+        assert taken.step == step
+        with_signal = [g for g in taken.groups if not g.tied]
+        assert all(g.ticket.due_step >= step for g in taken.groups)
+        assert len(with_signal) == b or taken.num_drawn == bound
+        assert len(with_signal) <= b and taken.num_drawn <= bound
+        s.advance_clock(step + 1)

@@ -216,7 +216,7 @@ def test_reinforce_bypass_is_refused_at_load():
     assert (
         config.load(RunConfig, None, ["correction.bypass=ppo_clip"]).correction.bypass == "ppo_clip"
     )
-    with pytest.raises(ConfigError, match="correction.bypass=reinforce"):
+    with pytest.raises(ConfigError, match="'reinforce' is not one of 'off', 'ppo_clip'"):
         config.load(RunConfig, None, ["correction_preset=token_tis", "correction.bypass=reinforce"])
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tir_rl.errors import ConfigError
-from tir_rl.trainer.loss import Aggregation, GRPOLoss, ReinforceLoss, group_advantages
+from tir_rl.trainer.loss import Aggregation, GRPOLoss, LossTerms, group_advantages
 
 
 def make_batch(*, seed: int = 0):
@@ -73,8 +73,8 @@ def test_token_mean_loss_matches_the_formula_written_out():
 
 def test_sequence_mean_averages_each_sequence_then_over_sequences():
     logprobs, old, adv, mask = make_batch()
-    cfg = GRPOLoss.Config(aggregation=Aggregation.SEQUENCE_MEAN)
-    loss, _ = GRPOLoss(cfg)(logprobs, old_logprobs=old, advantages=adv, loss_mask=mask)
+    cfg = LossTerms(aggregation=Aggregation.SEQUENCE_MEAN)
+    loss, _ = GRPOLoss(terms=cfg)(logprobs, old_logprobs=old, advantages=adv, loss_mask=mask)
     token_loss = GRPOLoss()
     per_seq = [
         token_loss(logprobs[b : b + 1], old_logprobs=old[b : b + 1], advantages=adv[b : b + 1],
@@ -108,7 +108,7 @@ def test_asymmetric_clip_stops_gradient_only_outside_its_own_bound():
 @pytest.mark.parametrize("aggregation", list(Aggregation))
 def test_two_micro_batches_with_global_normalizer_equal_one_batch(aggregation):
     logprobs, old, adv, mask = make_batch(seed=3)
-    loss_fn = GRPOLoss(GRPOLoss.Config(aggregation=aggregation))
+    loss_fn = GRPOLoss(terms=LossTerms(aggregation=aggregation))
     full_loss, full_grad = loss_and_grad(loss_fn, logprobs, old_logprobs=old, advantages=adv,
                                          loss_mask=mask)
     counts = {"num_global_tokens": int(mask.sum()), "num_global_sequences": 3}
@@ -143,7 +143,7 @@ def test_kl_to_reference_is_k3_added_unweighted():
     ref = old - 0.2
     weights = torch.full_like(mask, 0.5)
     base = GRPOLoss()
-    with_kl = GRPOLoss(GRPOLoss.Config(kl_coef=0.1))
+    with_kl = GRPOLoss(terms=LossTerms(kl_coef=0.1))
     kwargs = {"old_logprobs": old, "advantages": adv, "loss_mask": mask}
     loss_w, _ = base(logprobs, weights=weights, **kwargs)
     loss_kl, metrics = with_kl(logprobs, weights=weights, ref_logprobs=ref, **kwargs)
@@ -171,12 +171,3 @@ def test_invalid_loss_config_raises_config_error():
         GRPOLoss(GRPOLoss.Config(clip_low=1.5))
     with pytest.raises(ConfigError, match="dual_clip"):
         GRPOLoss(GRPOLoss.Config(dual_clip=0.5))
-
-
-def test_reinforce_gradient_is_minus_weight_times_advantage():
-    logprobs, _, adv, mask = make_batch()
-    weights = torch.rand(3, 10, generator=torch.Generator().manual_seed(1))
-    _, grad = loss_and_grad(ReinforceLoss(), logprobs, advantages=adv, loss_mask=mask,
-                            weights=weights)
-    expected = -weights * adv.unsqueeze(1) * mask / mask.sum()
-    assert torch.allclose(grad, expected, atol=1e-7)

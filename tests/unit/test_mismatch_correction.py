@@ -12,7 +12,7 @@ from tir_rl.mismatch import (
     correction,
     mismatch_metrics,
 )
-from tir_rl.trainer.loss import Aggregation, GRPOLoss, ReinforceLoss
+from tir_rl.trainer.loss import Aggregation, GRPOLoss, LossTerms
 
 Config = MismatchCorrection.Config
 NAN, INF = float("nan"), float("inf")
@@ -79,7 +79,7 @@ def test_identity_gives_plain_grpo_bitwise(name, config, aggregation):
     assert torch.equal(result.loss_mask, mask)
     assert torch.equal(result.weights, mask)  # w = 1 exactly on model tokens
     assert result.stats.masked_token_fraction == 0 and result.stats.weight_std == 0
-    loss_fn = GRPOLoss(GRPOLoss.Config(aggregation=aggregation))
+    loss_fn = GRPOLoss(terms=LossTerms(aggregation=aggregation))
     common = {"old_logprobs": old, "advantages": adv}
     plain = loss_and_grad(loss_fn, logprobs, loss_mask=mask, **common)
     corrected = loss_and_grad(loss_fn, logprobs, loss_mask=result.loss_mask,
@@ -88,17 +88,13 @@ def test_identity_gives_plain_grpo_bitwise(name, config, aggregation):
     assert torch.equal(plain[1], corrected[1])
 
 
-@pytest.mark.parametrize("mode", [BypassMode.PPO_CLIP, BypassMode.REINFORCE])
-def test_identity_in_bypass_mode_gives_plain_loss_bitwise(mode):
+def test_identity_in_bypass_mode_gives_plain_loss_bitwise():
     logprobs, _, _, adv, mask, turns = make_batch()
-    config = Config.preset("geo_rs_token_tis", bypass=mode, veto_threshold=1e-4)
+    config = Config.preset("geo_rs_token_tis", bypass=BypassMode.PPO_CLIP, veto_threshold=1e-4)
     lp = logprobs.clone().requires_grad_(True)
     result = correction(lp, logprobs.clone(), mask, turns, config)  # ℓ^μ = ℓ^θ
     assert torch.equal(result.weights, mask) and torch.equal(result.loss_mask, mask)
-    if mode is BypassMode.PPO_CLIP:
-        loss_fn, common = GRPOLoss(), {"old_logprobs": logprobs, "advantages": adv}
-    else:
-        loss_fn, common = ReinforceLoss(), {"advantages": adv}
+    loss_fn, common = GRPOLoss(), {"old_logprobs": logprobs, "advantages": adv}
     plain = loss_and_grad(loss_fn, logprobs, loss_mask=mask, **common)
     corrected = loss_and_grad(loss_fn, logprobs, loss_mask=result.loss_mask,
                               weights=result.weights, **common)
@@ -273,7 +269,7 @@ def test_rejected_and_empty_sequences_leave_the_normalizer(aggregation):
     assert result.loss_mask[2].sum() == 0
     assert result.stats.masked_seq_fraction == pytest.approx(1 / 3)  # the empty one is left out
     assert all(math.isfinite(v) for v in result.stats.to_dict().values())
-    loss_fn = GRPOLoss(GRPOLoss.Config(aggregation=aggregation))
+    loss_fn = GRPOLoss(terms=LossTerms(aggregation=aggregation))
     loss, grad = loss_and_grad(loss_fn, logprobs, old_logprobs=old, advantages=adv,
                                loss_mask=result.loss_mask, weights=result.weights)
     assert torch.isfinite(loss) and torch.isfinite(grad).all()
@@ -324,18 +320,6 @@ def test_bypass_ppo_clip_is_vanilla_ppo_against_the_sampler_without_weights():
     vanilla = loss_and_grad(GRPOLoss(), logprobs, **common)
     bypass = loss_and_grad(GRPOLoss(), logprobs, weights=result.weights, **common)
     assert torch.equal(vanilla[0], bypass[0]) and torch.equal(vanilla[1], bypass[1])
-
-
-def test_reinforce_bypass_gradient_is_minus_detached_weight_times_advantage():
-    logprobs, _, sampler, adv, mask, turns = make_batch(noise=0.3)
-    lp = logprobs.clone().requires_grad_(True)
-    config = Config.preset("token_tis", bypass=BypassMode.REINFORCE)
-    result = correction(lp, sampler, mask, turns, config)  # w on the fly from ℓ^θ − ℓ^μ
-    assert not result.weights.requires_grad and (result.weights[mask > 0] != 1).any()
-    loss = ReinforceLoss()(lp, advantages=adv, loss_mask=result.loss_mask, weights=result.weights)
-    loss.backward()
-    expected = -result.weights * adv.unsqueeze(1) * result.loss_mask / result.loss_mask.sum()
-    assert torch.allclose(lp.grad, expected, rtol=1e-6, atol=1e-9)
 
 
 @pytest.mark.parametrize("kind", ["ratio", "k2"])
@@ -408,22 +392,35 @@ def test_veto_preset_rejects_only_sequences_with_a_catastrophic_token() -> None:
 
 
 def test_the_plan_tells_the_trainer_what_each_correction_needs():
-    from tir_rl.mismatch import BypassMode, MismatchCorrection
-
     def plan(name, **overrides):
         return MismatchCorrection.Config.preset(name, **overrides).plan()
 
-    assert plan("none").changes_nothing and not plan("none").proximal_is_sampler
-    assert not plan("token_tis").changes_nothing  # weighs
-    assert not plan("geo_rs").changes_nothing  # rejects
+    assert not plan("none").proximal_is_sampler
     bypass = plan("token_tis", bypass=BypassMode.PPO_CLIP)
-    assert bypass.changes_nothing and bypass.proximal_is_sampler  # ppo_clip weighs nothing
+    assert bypass.proximal_is_sampler
     assert plan("seq_tis", batch_normalize=True).whole_batch_first
     assert not plan("seq_tis").whole_batch_first
     old, sampler = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -2.0]])
-    mask, turns = torch.tensor([[1, 1]]), torch.tensor([[0, 0]])
-    weights, kept = plan("none").weights_and_mask(old, sampler, mask, turns)
-    assert weights.tolist() == [[1.0, 1.0]] and kept is mask
-    weights, _ = plan("token_tis").weights_and_mask(old, sampler, mask, turns)
-    assert weights[0, 0].item() == pytest.approx(math.exp(0.5)) and weights[0, 1].item() == 1.0
     assert torch.equal(bypass.proximal(old, sampler), sampler)
+    assert torch.equal(plan("none").proximal(old, sampler), old)
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides", "weighs", "rejects"),
+    [
+        ("none", {}, False, False),
+        ("token_tis", {}, True, False),
+        ("geo_rs", {}, False, True),
+        ("geo_rs_token_tis", {}, True, True),
+        ("veto", {}, False, True),
+        ("token_tis", {"bypass": BypassMode.PPO_CLIP}, False, False),  # ppo_clip weighs nothing
+        ("none", {"is_cap_low": 0.5}, False, False),  # a floor without a level changes nothing
+        ("none", {"seq_mean_k3": 0.01}, False, True),
+        ("none", {"seq_max_k2": 2.0}, False, True),
+        ("none", {"turn_mask": (0.5, 2.0)}, False, True),
+        ("turn_tis", {}, True, False),
+    ],
+)
+def test_what_a_correction_does_is_read_from_its_effect(name, overrides, weighs, rejects):
+    config = Config.preset(name, **overrides)
+    assert (config.weighs, config.rejects) == (weighs, rejects)

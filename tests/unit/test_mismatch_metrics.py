@@ -216,6 +216,16 @@ def test_empty_sequences_are_left_out_of_sequence_means():
     assert got["mismatch/is_seq_mean"] == pytest.approx(math.exp(0.5), rel=1e-6)
 
 
+def _prob(logprob: float) -> float:
+    """A sampled token's probability (a positive "logprob" from a broken engine reads as 1)."""
+    return math.exp(min(logprob, 0.0))
+
+
+def _binary_kl(q: float, p: float) -> float:
+    first = q * (math.log(q) - math.log(p)) if q > 0 else 0.0
+    return first + (1 - q) * math.log((1 - q + 1e-8) / (1 - p + 1e-8))
+
+
 def _reference_metrics(trainer, sampler, mask, turns, *, cap=2.0, max_turns=8):
     """Every metric in plain float64 Python, δ never clamped (issue 12 item 6)."""
     rows = []  # per row: list of (δ, ℓ^old, ℓ^μ, turn, distance)
@@ -241,6 +251,8 @@ def _reference_metrics(trainer, sampler, mask, turns, *, cap=2.0, max_turns=8):
         "abs_diff_mean": mean([abs(x) for x in d]),
         "abs_diff_max": max(abs(x) for x in d),
         "token_mult_prob_error": mean([math.exp(abs(x)) for x in d]),
+        "binary_tv": mean([abs(_prob(x[1]) - _prob(x[2])) for x in tokens]),
+        "binary_kl": mean([_binary_kl(_prob(x[2]), _prob(x[1])) for x in tokens]),
     }
     for name, col in (("training", 1), ("rollout", 2)):
         log_ppl = [-sum(x[col] for x in row) / len(row) for row in seqs]

@@ -2,13 +2,16 @@
 
 A config is a tree of (keyword-only) dataclasses. Values from YAML and from `--set` are
 checked against the field's type annotation; an unknown key is an error that names the
-nearest valid key, so a typo never silently falls back to a default.
+nearest valid key, so a typo never silently falls back to a default. A section that moved
+some of its keys declares where they went (`MOVED_KEYS`, a class variable: old key ->
+(sub-section, key)): an old config still loads, with a warning that names the new key.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -20,6 +23,7 @@ import yaml
 from tir_rl.errors import ConfigError, did_you_mean
 
 C = TypeVar("C")
+logger = logging.getLogger(__name__)
 
 
 def from_dict(cls: type[C], data: Mapping[str, Any], *, where: str = "") -> C:
@@ -28,6 +32,7 @@ def from_dict(cls: type[C], data: Mapping[str, Any], *, where: str = "") -> C:
         raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    data = _move_keys(cls, data, where)
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         path = f"{where}.{key}" if where else str(key)
@@ -37,7 +42,8 @@ def from_dict(cls: type[C], data: Mapping[str, Any], *, where: str = "") -> C:
         if isinstance(value, Mapping) and dataclasses.is_dataclass(default):
             # A section given in part keeps the defaults of its other keys, including
             # defaults the field's own class does not have (e.g. a required model path).
-            value = merge(to_dict(default), value)
+            # Keys the section moved go where they live before its defaults fill the rest.
+            value = merge(to_dict(default), _move_keys(type(default), value, path))
         kwargs[key] = _convert(hints[key], value, path)
     try:
         config = cls(**kwargs)
@@ -124,6 +130,33 @@ def load(cls: type[C], path: str | Path | None = None, overrides: Sequence[str] 
 def dump(config: Any, path: str | Path) -> None:
     """Write the resolved config tree as YAML."""
     Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+
+
+def _move_keys(cls: type, data: Mapping[str, Any], where: str) -> Mapping[str, Any]:
+    """`data` with the keys `cls.MOVED_KEYS` names moved where they now live (with a warning).
+
+    A saved config of an older version keeps loading; a value given both ways is refused.
+    """
+    moved: Mapping[str, tuple[str, str]] = getattr(cls, "MOVED_KEYS", {})
+    if not any(key in moved for key in data):
+        return data
+    out = dict(data)
+    for old, (section, key) in moved.items():
+        if old not in out:
+            continue
+        value = out.pop(old)
+        old_path = f"{where}.{old}" if where else old
+        new_path = f"{where}.{section}.{key}" if where else f"{section}.{key}"
+        target = dict(out.get(section) or {})
+        if key in target and target[key] != value:
+            raise ConfigError(
+                f"{old_path}={value!r} and {new_path}={target[key]!r} are set: {old_path} is "
+                f"the old name of {new_path}. Keep {new_path} only."
+            )
+        target[key] = value
+        out[section] = target
+        logger.warning("config key %s is now %s; read as that", old_path, new_path)
+    return out
 
 
 def _default_of(f: dataclasses.Field) -> Any:

@@ -8,13 +8,17 @@ Two mechanisms, both computed under no_grad from ℓ^old (ℓ^θ in bypass mode)
   k2/k3 divergence filters) are combined with AND and folded into the loss mask.
 
 Rejected tokens leave the loss normalizer (verl semantics): the trainer counts the global
-number of tokens on the *corrected* mask and passes that mask to `GRPOLoss`.
+number of tokens on the *corrected* mask and passes that mask to the policy loss. A
+correction is per sequence (unless its weights are normalized over the batch), so the trainer
+corrects each micro-batch's sequences once and builds the batch's result from those parts
+(`CorrectionResult.assemble`): the mask the loss saw is the mask the normalizer counts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -45,9 +49,8 @@ class BypassMode(StrEnum):
     OFF = "off"
     """Decoupled: PPO ratio against the trainer recompute, w from ℓ^old vs ℓ^μ."""
     PPO_CLIP = "ppo_clip"
-    """ℓ^old := ℓ^μ; PPO-clip with no extra weight (it would count the correction twice)."""
-    REINFORCE = "reinforce"
-    """ℓ^old := ℓ^μ; `ReinforceLoss` with w from ℓ^θ vs ℓ^μ, detached."""
+    """ℓ^old := ℓ^μ; the policy loss with no extra weight (it would count the correction
+    twice). Rejections still apply."""
 
 
 _PRESETS: dict[str, dict[str, Any]] = {
@@ -110,13 +113,54 @@ class CorrectionStats:
 
 @dataclass(frozen=True)
 class CorrectionResult:
-    """Detached weights and the loss mask with every rejection folded in."""
+    """Detached weights and the loss mask with every rejection folded in, for some sequences."""
 
     weights: Tensor
     """[B, T] float32, no grad; 0 where the corrected mask is 0."""
     loss_mask: Tensor
     """[B, T], the input mask AND every rejection (same dtype as the input mask)."""
-    stats: CorrectionStats
+    vetoed: Tensor
+    """[B] bool, sequences the catastrophic-token veto rejected."""
+    model_mask: Tensor
+    """[B, T], the mask before the correction (1 for model-sampled tokens)."""
+    turn_ids: Tensor
+    """[B, T] long, assistant turn index of each token."""
+
+    @cached_property
+    def stats(self) -> CorrectionStats:
+        """What the correction did to these sequences (reads the values to the host)."""
+        valid = self.model_mask > 0
+        seg, num_segments = turn_segments(self.turn_ids, valid)
+        return _stats(
+            valid, self.loss_mask > 0, self.vetoed, self.weights, seg.flatten(), num_segments
+        )
+
+    @classmethod
+    def assemble(
+        cls,
+        parts: list[tuple[Tensor, CorrectionResult]],
+        model_mask: Tensor,
+        turn_ids: Tensor,
+    ) -> CorrectionResult:
+        """One batch's result from the results of its sequences, corrected in parts.
+
+        Args:
+            parts: (sequence indices [b] long, the result of those sequences [b, ≤T]).
+            model_mask: [B, T] the batch's mask before the correction.
+            turn_ids: [B, T] the batch's turn indices.
+
+        Sequences in no part get weight 0 and mask 0 (nothing of them entered the loss).
+        """
+        weights = torch.zeros(model_mask.shape, dtype=torch.float32)
+        mask = torch.zeros_like(model_mask)
+        vetoed = torch.zeros(model_mask.shape[0], dtype=torch.bool)
+        for seqs, part in parts:
+            seqs = seqs.cpu()
+            width = part.weights.shape[1]
+            weights[seqs, :width] = part.weights.detach().float().cpu()
+            mask[seqs, :width] = part.loss_mask.cpu().to(mask.dtype)
+            vetoed[seqs] = part.vetoed.cpu()
+        return cls(weights, mask, vetoed, model_mask, turn_ids)
 
 
 def _in(x: Tensor, bounds: Bounds) -> Tensor:
@@ -191,18 +235,35 @@ class MismatchCorrection:
 
         @property
         def rejects(self) -> bool:
-            """Whether any rejection is configured."""
-            fields = (self.token_mask, self.turn_mask, self.seq_mask, self.geo_mask)
-            vetoes = (self.veto_threshold, self.seq_max_k2, self.seq_mean_k3)
-            return any(f is not None for f in fields + vetoes)
+            """Whether this correction rejects a token of some sequence (`probe_effects`)."""
+            return self.probe_effects()[1]
+
+        @property
+        def weighs(self) -> bool:
+            """Whether this correction gives a kept token a weight other than 1."""
+            return self.probe_effects()[0]
+
+        def probe_effects(self) -> tuple[bool, bool]:
+            """(weighs, rejects): what this correction does to a probe batch.
+
+            Derived from what the correction does, not from a list of its fields: the probe's
+            sequences have three turns each and per-token log-ratios from −12 to 12 (uniform,
+            one turn off, one spike, alternating), which every weight and bound a correction
+            can set reacts to.
+            """
+            delta = _probe_log_ratios()
+            turns = torch.arange(delta.shape[1]).div(delta.shape[1] // 3, rounding_mode="floor")
+            turns = turns.unsqueeze(0).expand_as(delta).contiguous()
+            mask = torch.ones_like(delta)
+            result = MismatchCorrection(self)(delta, torch.zeros_like(delta), mask, turns)
+            weighs = bool((result.weights[result.loss_mask > 0] != 1).any())
+            return weighs, bool((result.loss_mask == 0).any())
 
         def plan(self) -> CorrectionPlan:
             """How an update applies this correction (see `CorrectionPlan`)."""
-            weighs = self.is_level is not ISLevel.NONE and self.bypass is not BypassMode.PPO_CLIP
             return CorrectionPlan(
                 self,
                 whole_batch_first=self.batch_normalize,
-                changes_nothing=not self.rejects and not weighs,
                 proximal_is_sampler=self.bypass is BypassMode.PPO_CLIP,
             )
 
@@ -230,20 +291,23 @@ class MismatchCorrection:
         valid = loss_mask > 0
         delta = masked_log_ratio(trainer_logprobs, sampler_logprobs, valid)  # [B, T], unclamped
         rho = clamped_exp(delta)
-        seg, num_segments = turn_segments(turn_ids, valid)
-        flat_seg = seg.flatten()
         num_tokens = valid.sum(dim=1)  # [B]
         seq_sum = delta.sum(dim=1)  # [B]
         rho_seq = clamped_exp(seq_sum)
-        turn_sum = torch.zeros(num_segments, device=delta.device).index_add_(
-            0, flat_seg, delta.flatten()
-        )
-        rho_turn = clamped_exp(turn_sum)  # [B·K]
+        per_turn = cfg.turn_mask is not None or self._weight_level is ISLevel.TURN
+        seg, rho_turn = None, None
+        if per_turn:  # the segments read the number of turns on the host: only when used
+            seg, num_segments = turn_segments(turn_ids, valid)
+            turn_sum = torch.zeros(num_segments, device=delta.device).index_add_(
+                0, seg.flatten(), delta.flatten()
+            )
+            rho_turn = clamped_exp(turn_sum)  # [B·K]
 
         keep = valid.clone()
         if cfg.token_mask is not None:
             keep &= _in(rho, cfg.token_mask)
         if cfg.turn_mask is not None:
+            assert seg is not None and rho_turn is not None
             keep &= _in(rho_turn, cfg.turn_mask)[seg]
         seq_ok = torch.ones_like(num_tokens, dtype=torch.bool)
         if cfg.seq_mask is not None:
@@ -264,14 +328,30 @@ class MismatchCorrection:
         keep &= (seq_ok & ~vetoed).unsqueeze(1)
 
         weights = self._weights(rho, rho_seq, rho_turn, seg, keep)
-        stats = _stats(valid, keep, vetoed, weights, flat_seg, num_segments)
-        return CorrectionResult(weights=weights, loss_mask=keep.to(loss_mask.dtype), stats=stats)
+        return CorrectionResult(
+            weights=weights,
+            loss_mask=keep.to(loss_mask.dtype),
+            vetoed=vetoed & valid.any(dim=1),
+            model_mask=loss_mask,
+            turn_ids=turn_ids,
+        )
+
+    @property
+    def _weight_level(self) -> ISLevel:
+        """The level the weights are taken at: none in bypass mode (the ratio already is one)."""
+        cfg = self.config
+        return ISLevel.NONE if cfg.bypass is BypassMode.PPO_CLIP else cfg.is_level
 
     def _weights(
-        self, rho: Tensor, rho_seq: Tensor, rho_turn: Tensor, seg: Tensor, keep: Tensor
+        self,
+        rho: Tensor,
+        rho_seq: Tensor,
+        rho_turn: Tensor | None,
+        seg: Tensor | None,
+        keep: Tensor,
     ) -> Tensor:
         cfg = self.config
-        level = ISLevel.NONE if cfg.bypass is BypassMode.PPO_CLIP else cfg.is_level
+        level = self._weight_level
         if level is ISLevel.NONE:
             return keep.float()
 
@@ -282,6 +362,7 @@ class MismatchCorrection:
         if level is ISLevel.TOKEN:
             unit_w, unit_keep, per_token = truncate(rho), keep, None
         elif level is ISLevel.TURN:
+            assert rho_turn is not None and seg is not None
             unit_keep = torch.zeros(rho_turn.shape, dtype=torch.bool, device=rho.device)
             unit_keep.index_put_((seg[keep],), torch.ones((), dtype=torch.bool, device=rho.device))
             unit_w, per_token = truncate(rho_turn), seg
@@ -303,31 +384,34 @@ class CorrectionPlan:
     """How an update applies a correction: what the trainer asks, so it decides nothing itself.
 
     The trainer's update runs per micro-batch; a correction is per sequence, so it runs there
-    too, unless its weights are normalized over the whole batch (`whole_batch_first`).
+    too, once per micro-batch, unless its weights are normalized over the whole batch
+    (`whole_batch_first`).
     """
 
     config: MismatchCorrection.Config
     whole_batch_first: bool
     """The weights are normalized over the batch (`batch_normalize`): correct the whole
     batch, from a no-grad recompute of ℓ^old, before the update's micro-batches."""
-    changes_nothing: bool
-    """No rejection and no IS weight (or bypass `ppo_clip`, which weighs nothing): every
-    model token keeps weight 1 and the mask stands, so nothing needs computing."""
     proximal_is_sampler: bool
     """Bypass `ppo_clip`: the loss's ℓ^old is the sampler's ℓ^μ, not the recompute."""
 
-    def weights_and_mask(
-        self, old: Tensor, sampler: Tensor, loss_mask: Tensor, turn_ids: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        """[b, T] detached weights and the corrected mask of some whole sequences."""
-        if self.changes_nothing:
-            return loss_mask.float(), loss_mask
-        fixed = correction(old, sampler, loss_mask, turn_ids, self.config)
-        return fixed.weights.detach(), fixed.loss_mask
-
     def proximal(self, old: Tensor, sampler: Tensor) -> Tensor:
-        """The ℓ^old the PPO ratio of the loss is taken against."""
+        """The ℓ^old the policy loss's ratio is taken against."""
         return sampler if self.proximal_is_sampler else old
+
+
+def _probe_log_ratios() -> Tensor:
+    """[S, 12] per-token log-ratios that cross every bound a correction can set."""
+    levels = torch.tensor([-12.0, -6.0, -2.0, -0.5, -0.01, -1e-4, 0.0, 1e-4, 0.01, 0.5, 2.0, 6.0])
+    rows = [torch.full((12,), float(v)) for v in levels]
+    for v in levels:
+        one_turn = torch.zeros(12)
+        one_turn[4:8] = v
+        spike = torch.zeros(12)
+        spike[5] = v
+        alternating = torch.tensor([v if i % 2 else -v for i in range(12)])
+        rows += [one_turn, spike, alternating]
+    return torch.stack(rows)
 
 
 def _stats(

@@ -67,6 +67,26 @@ def metric_exp(x: Tensor) -> Tensor:
     return torch.exp(x.clamp(-METRIC_EXP_BOUND, METRIC_EXP_BOUND))
 
 
+def binary_divergences(
+    trainer_logprobs: Tensor, sampler_logprobs: Tensor, valid: Tensor
+) -> tuple[Tensor, Tensor]:
+    """DPPO's per-token divergences of the trainer from the sampler, float64, 0 where not valid.
+
+    Each token's distribution is taken as two outcomes, the sampled token (probability
+    p = exp(ℓ^trainer), q = exp(ℓ^sampler)) and any other: the binary total variation |p − q|
+    and the binary KL(q ‖ p) = q·log(q/p) + (1 − q)·log((1 − q + 1e-8)/(1 − p + 1e-8)), the
+    divergences DPPO's trust region bounds (`tir_rl.trainer.loss.dppo`).
+    """
+    zero = torch.zeros_like(trainer_logprobs, dtype=torch.float64)
+    lp = torch.where(valid, trainer_logprobs.detach().double(), zero)
+    ls = torch.where(valid, sampler_logprobs.detach().double(), zero)
+    lp = torch.nan_to_num(lp, nan=0.0, neginf=-LOG_PPL_BOUND).clamp(max=0.0)
+    ls = torch.nan_to_num(ls, nan=0.0, neginf=-LOG_PPL_BOUND).clamp(max=0.0)
+    p, q = torch.exp(lp), torch.exp(ls)
+    kl = q * (ls - lp) + (1 - q) * torch.log((1 - q + 1e-8) / (1 - p + 1e-8))
+    return torch.where(valid, (p - q).abs(), zero), torch.where(valid, kl, zero)
+
+
 def turn_segments(turn_ids: Tensor, valid: Tensor) -> tuple[Tensor, int]:
     """Index of each token's (sequence, assistant turn) segment.
 
@@ -231,6 +251,9 @@ def mismatch_metrics(
     row.mean("abs_diff_mean", token_mean(abs_delta))
     row.max("abs_diff_max", abs_delta.max() if abs_delta.numel() else abs_delta.new_zeros(()))
     row.mean("token_mult_prob_error", token_mean(metric_exp(abs_delta)))
+    tv, kl = binary_divergences(trainer_logprobs, sampler_logprobs, valid)
+    row.mean("binary_tv", token_mean(tv))
+    row.mean("binary_kl", token_mean(kl))
 
     # Sequence level: means over sequences with at least one model token.
     n_seq = has_tokens.sum().clamp(min=1)

@@ -253,7 +253,7 @@ class _TrainLoop:
         from tir_rl.mismatch.guard import CollapseGuard
         from tir_rl.report.metrics_logger import MetricsLogger
         from tir_rl.trainer import Trainer
-        from tir_rl.trainer.loss import GRPOLoss
+        from tir_rl.trainer.loss import build_policy_loss
 
         self.config = config
         self.runtime = runtime
@@ -263,7 +263,7 @@ class _TrainLoop:
         self._gate: tdist.Rank0InterruptGate | None = None
         self.trainer = Trainer(
             config.trainer,
-            loss_fn=GRPOLoss(config.loss),
+            loss_fn=build_policy_loss(config.loss),
             correction_config=config.correction,
         )
         self.guard = CollapseGuard(config.guard, run_dir=self.run_dir)

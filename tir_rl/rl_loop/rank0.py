@@ -106,6 +106,7 @@ class Rank0Driver:
             first_step=position.step,
             next_index=position.next_group,
             replay=position.pending_groups,
+            max_draws_per_step=cfg.max_draws_per_step,
         )
         self.buffer = GroupBuffer(schedule)
         self.producer = RolloutProducer(
@@ -172,6 +173,7 @@ class Rank0Driver:
         trajectories = [t for group in taken.groups for t in group.trajectories]
         row = episode_row(trajectories, prefix="rollout")
         row.update(self._async_row(taken))
+        row.update(self._refill_row(taken))
         plan, works = plan_step(
             trajectories,
             world_size=world_size,
@@ -183,6 +185,25 @@ class Rank0Driver:
             lags = token_lags(plan.batch.policy_versions, trained_version)
             plan.row.update(staleness_metrics(lags, plan.batch.loss_mask, plan.batch.turn_ids))
         return plan, works
+
+    def _refill_row(self, taken: TakenStep) -> dict[str, float]:
+        """How many tasks the step drew and how many tied (zero-variance refill); {} if off."""
+        bound = self.config.run.max_draws_per_step
+        if bound is None:
+            return {}
+        with_signal = len(taken.groups) - taken.num_tied
+        if with_signal < self.config.run.tasks_per_step:
+            logger.warning(
+                "step %d: drew %d tasks (run.max_tasks_per_step %d) and %d tied; training on "
+                "the %d with a learning signal instead of %d",
+                taken.step, taken.num_drawn, bound, taken.num_tied, with_signal,
+                self.config.run.tasks_per_step,
+            )  # fmt: skip
+        return {
+            "rollout/tasks_drawn": float(taken.num_drawn),
+            "rollout/tied_groups": float(taken.num_tied),
+            "rollout/groups_with_signal": float(with_signal),
+        }
 
     def _placebo(self, step: int) -> PlaceboDrop | None:
         if self.config.run.placebo_drop is None:

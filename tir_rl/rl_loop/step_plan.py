@@ -68,7 +68,7 @@ def plan_step(
     A `placebo` leaves some trainable episodes out after the advantages are computed (their
     group baselines stay as they were, as under a sequence mask).
     """
-    from tir_rl.trainer.loss import group_advantages
+    from tir_rl.trainer.loss.advantages import group_advantages
 
     rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
     groups = torch.tensor([t.group_id for t in trajectories], dtype=torch.long)

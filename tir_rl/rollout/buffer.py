@@ -20,6 +20,12 @@ earliest first (which frees their slots for new admissions). With `LateGroups.DR
 waits for no group in particular: it takes the first finished ones, and a group still
 running when its due step is taken is dropped (its task is skipped, a new one is admitted).
 
+With refill on (`max_draws_per_step`, DAPO's dynamic sampling), a finished group whose
+rewards all tie carries no learning signal: it gives its slot back, so another task is drawn
+for the same step, until the step holds `groups_per_step` groups with signal or it has drawn
+`max_draws_per_step` tasks. Then the step takes what it has; its tied groups go with it (they
+are scored and counted, not trained on).
+
 `AdmissionSchedule` is the bookkeeping alone (single-threaded, no clock of its own, so a
 simulation can drive it: `bench/async_sim.py`); `GroupBuffer` shares one between the
 producer thread and the trainer.
@@ -66,6 +72,14 @@ class FinishedGroup:
 
     ticket: GroupTicket
     trajectories: list[Trajectory]
+    tied: bool = False
+    """Its rewards all tie (no learning signal) and refill is on: it holds no slot."""
+
+
+def rewards_tie(trajectories: Sequence[Trajectory]) -> bool:
+    """Whether a group's rewards are all equal: its advantages are all 0 (no signal)."""
+    rewards = [t.reward for t in trajectories]
+    return not rewards or min(rewards) == max(rewards)
 
 
 @dataclass
@@ -74,11 +88,19 @@ class TakenStep:
 
     step: int
     groups: list[FinishedGroup]
-    """`groups_per_step` groups, in task-stream order."""
+    """`groups_per_step` groups, in task-stream order; with refill, the groups with signal
+    (fewer when the step drew its most tasks) and then the step's tied ones."""
     dropped: list[GroupTicket] = field(default_factory=list)
     """Groups due at this step that were still running (`LateGroups.DROP`)."""
     wait_s: float = 0.0
     """How long the trainer waited for the step."""
+    num_drawn: int = 0
+    """Tasks admitted for this step (with refill: the tied ones and their replacements)."""
+
+    @property
+    def num_tied(self) -> int:
+        """Groups of this step whose rewards tie, set aside by refill."""
+        return sum(group.tied for group in self.groups)
 
 
 class AdmissionSchedule:
@@ -94,6 +116,7 @@ class AdmissionSchedule:
         first_step: int = 0,
         next_index: int | None = None,
         replay: Sequence[int] = (),
+        max_draws_per_step: int | None = None,
     ) -> None:
         """Start at `first_step` (a resumed run's), with the engine holding its weights.
 
@@ -106,11 +129,19 @@ class AdmissionSchedule:
             next_index: the first fresh task index (default `first_step * groups_per_step`).
             replay: task indices to admit again before fresh ones (those a stopped run had
                 admitted but not trained on).
+            max_draws_per_step: refill tied groups (the module docstring), drawing at most
+                this many tasks for one step; None: no refill.
         """
         if groups_per_step < 1 or num_steps < 1:
             raise ConfigError("groups_per_step and num_steps must be >= 1")
         if max_staleness < 0:
             raise ConfigError(f"run.max_staleness must be >= 0, got {max_staleness}")
+        if max_draws_per_step is not None and max_draws_per_step < groups_per_step:
+            raise ConfigError(
+                f"run.max_tasks_per_step ({max_draws_per_step}) must be at least "
+                f"run.tasks_per_step ({groups_per_step})"
+            )
+        self.max_draws_per_step = max_draws_per_step
         self.groups_per_step = groups_per_step
         self.max_staleness = max_staleness
         self.num_steps = num_steps
@@ -120,7 +151,10 @@ class AdmissionSchedule:
         self._replay = list(replay)
         self._next_index = first_step * groups_per_step if next_index is None else next_index
         self._assigned: dict[int, int] = {}
-        """Due step -> groups admitted for it and not yet taken (running or finished)."""
+        """Due step -> groups admitted for it and not yet taken (running, or finished and not
+        tied)."""
+        self._drawn: dict[int, int] = {}
+        """Due step -> tasks admitted for it so far (tied ones included)."""
         self._running: dict[int, GroupTicket] = {}
         self._finished: dict[int, FinishedGroup] = {}
         self.num_dropped = 0
@@ -131,13 +165,19 @@ class AdmissionSchedule:
         """A ticket for the next task, or None when no step within the bound has a slot."""
         last = min(self.clock + self.max_staleness, self.num_steps - 1)
         for due in range(self.step, last + 1):
-            if self._assigned.get(due, 0) < self.groups_per_step:
+            if self._assigned.get(due, 0) < self.groups_per_step and self._may_draw(due):
                 index = self._replay.pop(0) if self._replay else self._take_fresh_index()
                 ticket = GroupTicket(index, due, self.clock)
                 self._assigned[due] = self._assigned.get(due, 0) + 1
+                self._drawn[due] = self._drawn.get(due, 0) + 1
                 self._running[index] = ticket
                 return ticket
         return None
+
+    def _may_draw(self, due: int) -> bool:
+        """Whether step `due` may draw one more task (always, without refill)."""
+        bound = self.max_draws_per_step
+        return bound is None or self._drawn.get(due, 0) < bound
 
     def _take_fresh_index(self) -> int:
         index = self._next_index
@@ -145,43 +185,57 @@ class AdmissionSchedule:
         return index
 
     def finish(self, ticket: GroupTicket, trajectories: list[Trajectory]) -> bool:
-        """Record a played group; False when it was dropped meanwhile (then it is discarded)."""
+        """Record a played group; False when it was dropped meanwhile (then it is discarded).
+
+        With refill, a group whose rewards tie gives its slot back (`tied`).
+        """
         if self._running.pop(ticket.index, None) is None:
             return False
-        self._finished[ticket.index] = FinishedGroup(ticket, trajectories)
+        tied = self.max_draws_per_step is not None and rewards_tie(trajectories)
+        if tied:
+            self._assigned[ticket.due_step] -= 1
+        self._finished[ticket.index] = FinishedGroup(ticket, trajectories, tied)
         return True
 
     def abandon(self, ticket: GroupTicket) -> None:
         """Forget a group that will not finish (its play failed or was cancelled)."""
         if self._running.pop(ticket.index, None) is not None:
             self._assigned[ticket.due_step] -= 1
+            self._drawn[ticket.due_step] -= 1  # it is drawn again
             self._replay.insert(0, ticket.index)  # the task is played again
 
     # ------------------------------------------------------------------ trainer side
 
     def ready(self) -> bool:
         """Whether the trainer can take `step` now."""
-        if len(self._finished) < self.groups_per_step:
-            return False
-        if self.late_groups is LateGroups.DROP:
-            return True
-        return not any(t.due_step == self.step for t in self._running.values())
+        late_running = any(t.due_step == self.step for t in self._running.values())
+        waits = self.late_groups is LateGroups.WAIT and late_running
+        with_signal = sum(not g.tied for g in self._finished.values())
+        if with_signal >= self.groups_per_step:
+            return not waits
+        # Refill drew its most tasks for this step: once they are played, it trains what it has.
+        return not self._may_draw(self.step) and not late_running
 
     def take(self) -> TakenStep:
         """Take `step`'s groups (call when `ready`) and move on to the next step."""
         assert self.ready(), "take() before the step is ready"
-        order = sorted(self._finished.values(), key=lambda g: (g.ticket.due_step, g.ticket.index))
+        with_signal = [g for g in self._finished.values() if not g.tied]
+        order = sorted(with_signal, key=lambda g: (g.ticket.due_step, g.ticket.index))
         chosen = order[: self.groups_per_step]
         assert all(g.ticket.due_step >= self.step for g in chosen)
         for group in chosen:
             del self._finished[group.ticket.index]
             self._assigned[group.ticket.due_step] -= 1
+        tied = [g for g in self._finished.values() if g.tied and g.ticket.due_step == self.step]
+        for group in tied:
+            del self._finished[group.ticket.index]
         dropped = [t for t in self._running.values() if t.due_step == self.step]
         for ticket in dropped:
             del self._running[ticket.index]
             self._assigned[ticket.due_step] -= 1
         self.num_dropped += len(dropped)
-        taken = TakenStep(self.step, sorted(chosen, key=lambda g: g.ticket.index), dropped)
+        groups = sorted(chosen, key=lambda g: g.ticket.index) + tied
+        taken = TakenStep(self.step, groups, dropped, num_drawn=self._drawn.pop(self.step, 0))
         self._assigned.pop(self.step, None)
         self.step += 1
         return taken
@@ -245,10 +299,10 @@ class GroupBuffer:
             return None if self._closed is not None else self._schedule.admit()
 
     def finish(self, ticket: GroupTicket, trajectories: list[Trajectory]) -> None:
-        """The producer: a group is played."""
+        """The producer: a group is played (a tied one may open an admission: refill)."""
         with self._cond:
             self._schedule.finish(ticket, trajectories)
-            self._cond.notify_all()
+            self._changed()
 
     def abandon(self, ticket: GroupTicket) -> None:
         """The producer: a group will not finish; its task goes back to the front."""

@@ -21,7 +21,7 @@ import torch
 from tir_rl.metric import Metric, ReduceOp
 from tir_rl.mismatch import CorrectionResult
 from tir_rl.mismatch.guard import GuardAction, GuardDecision
-from tir_rl.trainer.loss import LOSS_METRICS, LOSS_TOKENS
+from tir_rl.trainer.loss.base import LOSS_METRICS, LOSS_TOKENS
 
 
 class UpdateStatus(StrEnum):
@@ -146,6 +146,8 @@ class StepTotals:
     num_tokens_computed: int
     """Every token of the ranks' batches (prompt, completion, padding the packer kept)."""
     metrics: dict[str, float]
+    ess_ratio: float = 1.0
+    """VCPO's ESS ratio of the step's sequence weights (`tir_rl.trainer.ess_step`)."""
 
     @property
     def finite(self) -> bool:
@@ -184,3 +186,6 @@ class UpdatePass:
     """[2] float64 on the device: unnormalized loss sum, entropy sum over model tokens."""
     metric_rows: list[torch.Tensor]
     """Per micro-batch, on the device: [1 + len(LOSS_METRICS)], its loss-token count first."""
+    corrected: CorrectionResult | None
+    """The batch's correction as the micro-batches computed it, or None when the whole batch
+    was corrected before the loop."""

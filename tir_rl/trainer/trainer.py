@@ -1,4 +1,4 @@
-"""FSDP2 policy trainer: logprob recompute, mismatch correction, GRPO update, weights for sync.
+"""FSDP2 policy trainer: logprob recompute, mismatch correction, policy update, weights for sync.
 
 One `train_step` on each rank, on that rank's share of the global batch. Without
 `old_logprobs` it makes one forward per micro-batch (the weights that would recompute ℓ^old
@@ -8,29 +8,23 @@ are the update's own, so ℓ^old = ℓ^θ detached)::
         │ sampler logprobs ℓ_μ ──► correction(ℓ_old, ℓ_μ) of its sequences ──► weights w, mask m′
         │ with a KL term: frozen reference, no-grad forward ──► ℓ_ref
         ▼
-    GRPOLoss(ℓ_θ, ℓ_old, A, m′, w, ℓ_ref), summed (not normalized) ──► backward
-    ...after the last micro-batch:
-    batch ℓ_old ──► mismatch_metrics, correction stats ──► N = Σ m′ (tokens or sequences,
-        all ranks) ──► gradients ÷ N
-    grad norm (pre-clip, global) ──► non-finite? skip and count ──► guard? ──► clip ──► AdamW
+    policy loss (ℓ_θ, ℓ_old, A, m′, w, ℓ_ref), summed (not normalized) ──► backward
+    ...after the last micro-batch, from the micro-batches' corrections (computed once):
+    mismatch metrics, correction stats, N = Σ m′ (tokens or sequences, all ranks), ESS
+        ──► gradients ÷ N ──► grad norm (pre-clip) ──► non-finite? skip ──► guard? ──► clip
+        ──► AdamW at the scheduled rate (× VCPO's ESS factor when on)
 
 With `old_logprobs` given (several optimizer steps on one batch), or with a correction that
 normalizes weights over the batch (`batch_normalize`, recomputed with a no-grad pass first),
-the whole batch is corrected before the loop and the micro-batches use its rows. The
-correction is per sequence otherwise and a sequence is never split across micro-batches, so
-both paths give the same update. Inside the loop nothing is read back to the host (loss,
-entropy and loss metrics accumulate on the device), except what a rejecting or
-importance-sampling correction needs for its data-dependent shapes.
+the whole batch is corrected before the loop and the micro-batches use its rows; a sequence
+is never split across micro-batches, so both paths give the same update. Inside the loop
+nothing is read back to the host, except what a correction needs for data-dependent shapes.
 
 The trainer's logprob of completion token t comes from the logits at position t − 1 over the
 full prompt + completion context (all turns), divided by the sampler's temperature, through
-log_softmax in float32 (`token_stats`: rows in chunks, no float32 [n, V]
-tensor). lm_head runs only at the positions whose logprob is used (`logits_to_keep`): every
-completion token in `compute_logprobs`, the model tokens (loss mask 1) alone in the update
-pass, since tool and rendered tokens enter neither the loss nor the mismatch metrics.
-
-Precision (`TrainerConfig.dtype`) and sharding (`placement.apply_fsdp2`) are described
-where they are set. Ranks may hold different numbers of micro-batches; the shorter ones run
+log_softmax in float32 (`token_stats`). lm_head runs only where a logprob is used
+(`logits_to_keep`): every completion token in `compute_logprobs`, the model tokens alone in
+the update pass. Ranks may hold different numbers of micro-batches; the shorter ones run
 empty passes so the collectives stay matched.
 """
 
@@ -48,11 +42,9 @@ from tir_rl import distributed as tdist
 from tir_rl.errors import ConfigError
 from tir_rl.metric import Metric
 from tir_rl.mismatch import (
-    BypassMode,
     CorrectionPlan,
     CorrectionResult,
     MismatchCorrection,
-    correction,
     mismatch_metrics,
 )
 from tir_rl.mismatch.failure_tilt import failure_tilt
@@ -61,7 +53,9 @@ from tir_rl.models import resolve_model
 from tir_rl.trainer import lora as lora_ops
 from tir_rl.trainer import placement
 from tir_rl.trainer.batch import MicroBatch, Packing, TrainBatch
-from tir_rl.trainer.loss import LOSS_TOKENS, GRPOLoss, PolicyLoss
+from tir_rl.trainer.ess_step import ESS_KEY, SCALE_KEY, ess_ratio, sequence_weight_sums
+from tir_rl.trainer.loss.base import LOSS_TOKENS, PolicyLoss
+from tir_rl.trainer.loss.grpo import GRPOLoss
 from tir_rl.trainer.lr_schedule import lr_factor
 from tir_rl.trainer.optimizer import build_adamw, clip_gradients, seed_everything
 from tir_rl.trainer.packing import plan_micro_batches
@@ -193,12 +187,10 @@ class Trainer:
             eps=self.config.eps,
             weight_decay=self.config.weight_decay,
         )
-        self.correction_config = correction_config or MismatchCorrection.Config()
-        if self.correction_config.bypass is BypassMode.REINFORCE:  # a run refuses it at load
-            raise ConfigError(
-                "correction.bypass='reinforce' needs per-micro-batch weights from ℓ^θ, which "
-                "Trainer does not implement; use bypass 'off' or 'ppo_clip'."
-            )
+        self.correction = MismatchCorrection(correction_config)
+        """Corrects a batch's sequences: each micro-batch's once in the update pass, or the
+        whole batch first when its weights are normalized over it. Whatever it rejects
+        leaves the loss and its normalizer alike (both read its result)."""
         self.step = 0
         """Number of train_step calls so far (applied or skipped); the schedule's step."""
         self.skip_counts: Counter[UpdateStatus] = Counter()
@@ -354,7 +346,7 @@ class Trainer:
         """
         clock = StepClock()
         advantages = batch.checked_advantages(advantages)
-        plan = self.correction_config.plan()
+        plan = self.correction.config.plan()
         old_logprobs, presplit = self._whole_batch_first(batch, old_logprobs, plan)
         clock.mark("logprob")
 
@@ -364,7 +356,8 @@ class Trainer:
         clock.mark("backward")
 
         old_logprobs = old_logprobs if old_logprobs is not None else update.logprobs
-        corrected = presplit if presplit is not None else self._correct(batch, old_logprobs)
+        corrected = presplit if presplit is not None else update.corrected
+        assert corrected is not None
         local = mismatch_metrics(
             old_logprobs, batch.sampler_logprobs, batch.loss_mask, batch.turn_ids
         )
@@ -375,7 +368,7 @@ class Trainer:
         local.update(combine_loss_metrics(update.metric_rows))
         clock.mark("mismatch")
 
-        totals = self._global_totals(batch, corrected, update, local)
+        totals = self._global_totals(batch, old_logprobs, corrected, update, local)
         decision = None
         if guard is not None:
             watched = totals.metrics | update_columns(totals.loss, totals.grad_norm)
@@ -405,6 +398,8 @@ class Trainer:
         """The step's timings, rate, learning rate and the trainer's skip counts so far."""
         columns = clock.metrics()
         columns["train/lr"] = lr
+        if self.config.ess_step_size.enabled:
+            columns[SCALE_KEY] = self.config.ess_step_size.scale(totals.ess_ratio)
         columns["train/tokens_per_s"] = totals.num_tokens_computed / max(
             columns["train/step_s"], 1e-9
         )
@@ -413,22 +408,21 @@ class Trainer:
         return columns
 
     def _global_totals(
-        self,
-        batch: TrainBatch,
-        corrected: CorrectionResult,
-        update: UpdatePass,
-        local: dict[str, Metric],
-    ) -> StepTotals:
+        self, batch: TrainBatch, old_logprobs: torch.Tensor, corrected: CorrectionResult,
+        update: UpdatePass, local: dict[str, Metric],
+    ) -> StepTotals:  # fmt: skip
         """Divide the gradients by the global normalizer; reduce the figures over the ranks.
 
         The counts and sums go in one collective, the metrics in `all_reduce_metrics`.
         """
         kept = corrected.loss_mask.bool()
         counts = [kept.sum(), kept.any(dim=-1).sum(), batch.loss_mask.sum(), batch.num_tokens]
-        local_figures = torch.cat(
-            [torch.tensor([float(c) for c in counts], dtype=torch.float64), update.sums.cpu()]
+        weight_sums = sequence_weight_sums(old_logprobs, batch.sampler_logprobs, batch.loss_mask)
+        counted = torch.tensor([float(c) for c in counts], dtype=torch.float64)
+        local_figures = torch.cat([counted, update.sums.cpu(), weight_sums])
+        *global_counts, loss_sum, entropy_sum, sum_w, sum_w2, num_weighted = (
+            tdist.all_reduce_tensor(local_figures).tolist()
         )
-        *global_counts, loss_sum, entropy_sum = tdist.all_reduce_tensor(local_figures).tolist()
         num_tokens, num_sequences, num_model_tokens, num_computed = map(int, global_counts)
         num_masked = num_model_tokens - num_tokens  # the model's tokens the correction masked
         normalizer = self.loss_fn.global_normalizer(
@@ -442,15 +436,19 @@ class Trainer:
             local.pop("train/ref_kl", None)  # no reference: no KL to it (not a KL of 0)
         metrics = tdist.all_reduce_metrics(local)
         metrics.pop(LOSS_TOKENS, None)  # the same count as train/num_loss_tokens
+        ess = ess_ratio(sum_w, sum_w2, num_weighted)
         metrics.update(
             {
+                ESS_KEY: ess,
                 "train/entropy": entropy_sum / num_model_tokens if num_model_tokens else 0.0,
                 "train/num_loss_tokens": float(num_tokens),
                 "train/num_loss_sequences": float(num_sequences),
                 "train/num_masked_by_correction": float(num_masked),
             }
         )
-        return StepTotals(loss_sum / normalizer, grad_norm, num_tokens, num_computed, metrics)
+        return StepTotals(
+            loss_sum / normalizer, grad_norm, num_tokens, num_computed, metrics, ess_ratio=ess
+        )
 
     def _apply_or_skip(
         self, totals: StepTotals, decision: GuardDecision | None, lr: float
@@ -468,7 +466,7 @@ class Trainer:
         else:
             self._clip(totals.grad_norm)
             for group in self.optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * self.config.ess_step_size.scale(totals.ess_ratio)
             self.optimizer.step()
         if status is not UpdateStatus.APPLIED:
             self.skip_counts[status] += 1
@@ -487,12 +485,8 @@ class Trainer:
         )
 
     def _correct(self, batch: TrainBatch, old_logprobs: torch.Tensor) -> CorrectionResult:
-        return correction(
-            old_logprobs,
-            batch.sampler_logprobs,
-            batch.loss_mask,
-            batch.turn_ids,
-            self.correction_config,
+        return self.correction(
+            old_logprobs, batch.sampler_logprobs, batch.loss_mask, batch.turn_ids
         )
 
     def _update_pass(
@@ -524,6 +518,7 @@ class Trainer:
         logprobs = torch.zeros(batch.completion_ids.shape, dtype=torch.float32, device=dev)
         sums = torch.zeros(2, dtype=torch.float64, device=dev)  # loss, entropy of mask-1 tokens
         rows: list[torch.Tensor] = []
+        parts: list[tuple[torch.Tensor, CorrectionResult]] = []
         for mb in self._matched(self._plan(batch)):
             if mb is None:
                 if self.reference is not None:
@@ -554,7 +549,9 @@ class Trainer:
                 weights, mask = on_device["weights"][seqs, :width], on_device["mask"][seqs, :width]
             else:
                 turns = on_device["turn_ids"][seqs, :width]
-                weights, mask = plan.weights_and_mask(old, sampler, model_mask, turns)
+                fixed = self.correction(old, sampler, model_mask, turns)
+                parts.append((seqs, fixed))
+                weights, mask = fixed.weights.detach(), fixed.loss_mask
             loss, loss_metrics = self.loss_fn(
                 theta,
                 old_logprobs=plan.proximal(old, sampler),
@@ -569,7 +566,10 @@ class Trainer:
             sums += torch.stack([loss.detach().double(), entropy.sum().double()])
             weight = (mask > 0).sum().float().reshape(1)
             rows.append(torch.cat([weight, loss_metrics.values.float()]))
-        return UpdatePass(logprobs.cpu(), sums, rows)
+        corrected = None
+        if presplit is None:
+            corrected = CorrectionResult.assemble(parts, batch.loss_mask, batch.turn_ids)
+        return UpdatePass(logprobs.cpu(), sums, rows, corrected)
 
     def _clip(self, grad_norm: float) -> None:
         clip_gradients(self.model.parameters(), self.config.max_grad_norm, grad_norm)

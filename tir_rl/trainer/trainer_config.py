@@ -8,6 +8,7 @@ from typing import Literal
 from tir_rl.cpu_cores import parse_cpu_list
 from tir_rl.errors import ConfigError
 from tir_rl.trainer.batch import Packing
+from tir_rl.trainer.ess_step import ESSStepSize
 from tir_rl.trainer.lora import LoRAConfig
 from tir_rl.trainer.lr_schedule import LRSchedule, check_schedule
 
@@ -103,6 +104,9 @@ class TrainerConfig:
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     """LoRA adapters (`peft`, the `tir-rl[lora]` extra): only the adapters train, and the
     engine gets the merged weights. Off unless `trainer.lora.enabled`."""
+    ess_step_size: ESSStepSize = field(default_factory=ESSStepSize)
+    """VCPO's learning rate scaled by the step's effective sample size (off by default;
+    `tir_rl.trainer.ess_step`)."""
     seed: int | None = None
     """Seeds python, numpy and torch at construction (plus the rank). None: `run.seed` in
     a run config, 0 for a trainer built alone."""
@@ -166,6 +170,7 @@ class TrainerConfig:
                 "another packing."
             )
         self.lora.validate()
+        self.ess_step_size.validate()
         if self.lora.enabled and self.train_only:
             raise ConfigError(
                 "trainer.lora.enabled and trainer.train_only both choose what trains: LoRA "

@@ -22,7 +22,7 @@ from tir_rl.rl_loop.rank0 import SEED_STRIDE
 from tir_rl.runtime import env_factory, open_runtime, task_specs
 from tir_rl.trainer import Trainer
 from tir_rl.trainer.checkpoint import latest_checkpoint
-from tir_rl.trainer.loss import GRPOLoss
+from tir_rl.trainer.loss import build_policy_loss
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model]
 
@@ -41,7 +41,7 @@ def synchronous_reference(config, num_steps: int):
     update, send the weights; per step the trajectories in the batch and the update."""
     cfg = config.run
     trainer = Trainer(
-        config.trainer, loss_fn=GRPOLoss(config.loss), correction_config=config.correction
+        config.trainer, loss_fn=build_policy_loss(config.loss), correction_config=config.correction
     )
     steps = []
     with open_runtime(config) as runtime:

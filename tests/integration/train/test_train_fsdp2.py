@@ -29,7 +29,7 @@ from tir_rl.run_config import RunConfig
 from tir_rl.torchrun import Nodes, torchrun_command
 from tir_rl.trainer import Trainer, checkpoint
 from tir_rl.trainer.checkpoint import latest_checkpoint
-from tir_rl.trainer.loss import GRPOLoss
+from tir_rl.trainer.loss import build_policy_loss
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.model]
 
@@ -110,7 +110,7 @@ def test_two_ranks_take_the_first_step_one_rank_takes(run_dir):
     plan, (work,) = plan_step(trajectories, world_size=1)
     assert work.batch is not None and work.advantages is not None
     trainer = Trainer(
-        config.trainer, loss_fn=GRPOLoss(config.loss), correction_config=config.correction
+        config.trainer, loss_fn=build_policy_loss(config.loss), correction_config=config.correction
     )
     old = trainer.compute_logprobs(work.batch)
     result = trainer.train_step(work.batch, work.advantages, old_logprobs=old)

@@ -18,7 +18,7 @@ from trainer_helpers import make_batch, make_group_batch
 
 from tir_rl import distributed as tdist
 from tir_rl.trainer import Packing, Trainer, checkpoint
-from tir_rl.trainer.loss import GRPOLoss
+from tir_rl.trainer.loss import GRPOLoss, LossTerms
 
 # Rank 0's half is short (one packed row), rank 1's is long (several rows), so the ranks run
 # different numbers of micro-batches and the empty passes are exercised.
@@ -45,7 +45,7 @@ def main(
     config = Trainer.Config(
         model=model, lr=1e-3, micro_batch_tokens=24, device=str(device), packing=packing
     )
-    trainer = Trainer(config, loss_fn=GRPOLoss(GRPOLoss.Config(kl_coef=kl_coef)))
+    trainer = Trainer(config, loss_fn=GRPOLoss(terms=LossTerms(kl_coef=kl_coef)))
     assert trainer.sharded == (world_size > 1)
     if trainer.reference is not None and trainer.sharded:
         from torch.distributed.tensor import DTensor

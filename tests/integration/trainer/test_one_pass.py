@@ -8,7 +8,7 @@ from trainer_helpers import make_batch, with_sampler_logprobs
 
 from tir_rl.mismatch import MismatchCorrection
 from tir_rl.trainer import Trainer
-from tir_rl.trainer.loss import Aggregation, GRPOLoss
+from tir_rl.trainer.loss import Aggregation, GRPOLoss, LossTerms
 
 CASES = [
     ("token_mean", Aggregation.TOKEN_MEAN, "none"),
@@ -29,7 +29,7 @@ def build(tiny_model_path, device, aggregation, preset) -> Trainer:
     config.device = device
     return Trainer(
         config,
-        loss_fn=GRPOLoss(GRPOLoss.Config(aggregation=aggregation)),
+        loss_fn=GRPOLoss(terms=LossTerms(aggregation=aggregation)),
         correction_config=MismatchCorrection.Config.preset(preset),
     )
 

@@ -12,7 +12,7 @@ from tir_rl.errors import ConfigError
 from tir_rl.trainer import Trainer, checkpoint
 from tir_rl.trainer.batch import Packing
 from tir_rl.trainer.lora import LoRAConfig
-from tir_rl.trainer.loss import GRPOLoss, k3
+from tir_rl.trainer.loss import GRPOLoss, LossTerms, k3
 
 ADVANTAGES = torch.tensor([1.0, -1.0, 0.5, -0.5])
 
@@ -22,7 +22,7 @@ def kl_trainer(tiny_model_path, device):
     def build(kl_coef: float = 0.1, **overrides) -> Trainer:
         settings = {"lr": 1e-3, "device": device, "micro_batch_tokens": 24, **overrides}
         config = Trainer.Config(model=str(tiny_model_path), **settings)
-        return Trainer(config, loss_fn=GRPOLoss(GRPOLoss.Config(kl_coef=kl_coef)))
+        return Trainer(config, loss_fn=GRPOLoss(terms=LossTerms(kl_coef=kl_coef)))
 
     return build
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -10,7 +11,7 @@ from trainer_helpers import make_batch, with_sampler_logprobs
 
 from tir_rl.mismatch import MismatchCorrection
 from tir_rl.mismatch.guard import CollapseGuard, GuardAction
-from tir_rl.trainer import UpdateStatus
+from tir_rl.trainer import TrainBatch, UpdateStatus
 
 
 def params(trainer) -> dict[str, torch.Tensor]:
@@ -145,7 +146,7 @@ def test_rejected_sequences_leave_the_normalizer(make_trainer):
     sampler = trainer_lp.clone()
     sampler[1] -= 3.0  # sequence 1 is far off-policy: ρ_geo = e^3
     batch = with_sampler_logprobs(batch, sampler)
-    trainer.correction_config = MismatchCorrection.Config.preset("geo_rs")
+    trainer.correction = MismatchCorrection(MismatchCorrection.Config.preset("geo_rs"))
     result = trainer.train_step(batch, torch.ones(batch.num_sequences))
     kept = batch.loss_mask.clone()
     kept[1] = False
@@ -154,12 +155,48 @@ def test_rejected_sequences_leave_the_normalizer(make_trainer):
     assert result.metrics["train/num_masked_by_correction"] == float(batch.loss_mask[1].sum())
 
 
+class EveryOtherTokenRejectedFake(MismatchCorrection):
+    """A correction with a rejection no `Config` field names: every second model token goes.
+
+    A fake standing for the next rejection someone adds: the update must honour it in the
+    loss and in the normalizer alike, with nothing to register.
+    """
+
+    def __call__(self, trainer_logprobs, sampler_logprobs, loss_mask, turn_ids):
+        result = super().__call__(trainer_logprobs, sampler_logprobs, loss_mask, turn_ids)
+        rank = torch.cumsum(loss_mask.long(), dim=-1)
+        keep = result.loss_mask.bool() & (rank % 2 == 0)
+        weights = torch.where(keep, result.weights, torch.zeros_like(result.weights))
+        return dataclasses.replace(result, weights=weights, loss_mask=keep.to(loss_mask.dtype))
+
+
+@pytest.mark.parametrize("micro_batch_tokens", [24, 4096])
+def test_a_new_rejection_is_honoured_by_the_loss_and_the_normalizer(
+    make_trainer, micro_batch_tokens
+):
+    batch = make_batch()
+    adv = torch.tensor([1.0, -1.0, 2.0, -0.5])
+    rejecting = make_trainer(micro_batch_tokens=micro_batch_tokens)
+    rejecting.correction = EveryOtherTokenRejectedFake()
+    result = rejecting.train_step(batch, adv)
+    # The same update, with the rejected tokens never in the batch's mask at all.
+    kept = batch.loss_mask & (torch.cumsum(batch.loss_mask.long(), dim=-1) % 2 == 0)
+    plain = make_trainer(micro_batch_tokens=micro_batch_tokens)
+    reference = plain.train_step(TrainBatch(**{**batch.__dict__, "loss_mask": kept}), adv)
+    assert result.metrics["train/num_loss_tokens"] == float(kept.sum())
+    rejected = batch.loss_mask & ~kept
+    assert result.metrics["train/num_masked_by_correction"] == float(rejected.sum())
+    assert result.loss == pytest.approx(reference.loss, rel=1e-5)
+    assert result.grad_norm == pytest.approx(reference.grad_norm, rel=1e-5)
+    assert torch.equal(result.correction.loss_mask.bool(), kept)
+
+
 def test_a_step_whose_correction_rejects_every_token_makes_no_optimizer_step(make_trainer):
     # Momentum and weight decay would move the weights on an all-zero gradient.
     trainer = make_trainer(weight_decay=0.1)
     batch = make_batch()
     on_policy = with_sampler_logprobs(batch, trainer.compute_logprobs(batch))
-    trainer.correction_config = MismatchCorrection.Config.preset("geo_rs")
+    trainer.correction = MismatchCorrection(MismatchCorrection.Config.preset("geo_rs"))
     assert not trainer.train_step(on_policy, torch.tensor([1.0, -1.0, 0.5, -0.5])).skipped
     before = params(trainer)
     adam_steps = [int(s["step"]) for s in trainer.optimizer.state.values()]
