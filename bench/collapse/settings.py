@@ -297,6 +297,80 @@ def sft_long_suite() -> list[Setting]:
     ]
 
 
+STABILIZER_CAUSES: dict[str, tuple[tuple[str, ...], str, str]] = {
+    "stale": (
+        (*horizon_overrides(4), *SFT_LONG_RUN, *_steps(100), "inject.sync_every=4",
+         "trainer.lr=3.0e-4"),
+        "decoupled",
+        "weights synced every 4 steps, AdamW 3e-4, 100 steps",
+    ),
+    "raw": (
+        (*horizon_overrides(4), *SFT_LONG_RUN, *_steps(300), *_temperature(0.8),
+         "inject.raw_logprobs=true"),
+        "bypass",
+        "raw logprobs at T 0.8, 300 steps",
+    ),
+    "async": (
+        (*horizon_overrides(4), *SFT_LONG_RUN, *_steps(100), "run.max_staleness=2",
+         "trainer.lr=3.0e-4"),
+        "decoupled",
+        "asynchronous, max staleness 2, AdamW 3e-4, 100 steps",
+    ),
+    "none": ((), "decoupled", "make train's setting: no injected cause, 10 steps"),
+}  # fmt: skip
+"""The head-to-head's causes (docs/collapse.md A7): their overrides on `configs/lab_sft.yaml`
+(`--lab-sft`), the update mode their uncorrected arm runs in, and a label. `none` is the cost
+of stability: each arm on make train's own setting."""
+
+VCPO = (
+    "correction_preset=seq_tis",
+    "correction.is_cap=8.0",
+    "trainer.ess_step_size.enabled=true",
+    "trainer.optimal_baseline=true",
+    "loss.aggregation=sequence_mean",
+)
+"""VCPO as its authors run it (vcpo `vcpo_k=10.sh`): sequence-level truncated IS at 8 on the
+recompute (decoupled: with one update per batch PPO's clip never acts, as their disabled
+clip), the learning rate scaled by the ESS ratio (sqrt rule, reference 1), the off-policy
+optimal baseline per group, sequence-mean aggregation."""
+
+STABILIZER_ARMS: dict[str, tuple[tuple[str, ...] | None, str]] = {
+    "uncorrected": (None, "no correction, GRPO, the cause's own update mode"),
+    "preset": (
+        ("correction_preset=geo_rs_token_tis",),
+        "the shipped preset geo_rs_token_tis, GRPO, the cause's update mode",
+    ),
+    "dppo_tv": ((*BYPASS, "loss.name=dppo_tv"), "DPPO binary TV (δ 0.15), anchored to the sampler"),
+    "dppo_kl": ((*BYPASS, "loss.name=dppo_kl"), "DPPO binary KL (δ 0.05), anchored to the sampler"),
+    "gspo": ((*BYPASS, "loss.name=gspo"), "GSPO (clip 3e-4 / 4e-4), ratio to the sampler"),
+    "cispo": ((*BYPASS, "loss.name=cispo"), "CISPO (weight clip 1.2), ratio to the sampler"),
+    "vcpo": (VCPO, "VCPO: sequence TIS 8, ESS-scaled step, optimal baseline"),
+}  # fmt: skip
+"""The arms, each with its update mode where it has its own: DPPO, GSPO and CISPO take their
+ratio against the sampler (bypass mode, DPPO's authors' recommendation): with tir-rl's one
+optimizer step per batch their ratio to the recompute is exactly 1 and they would all be
+plain policy gradient. None: the cause's mode with no correction."""
+
+
+def stabilizers_suite(cause: str) -> list[Setting]:
+    """Every arm of the head-to-head under one cause (`STABILIZER_CAUSES`)."""
+    if cause not in STABILIZER_CAUSES:
+        raise SystemExit(f"unknown cause {cause!r}: choose {', '.join(STABILIZER_CAUSES)}")
+    overrides, mode, label = STABILIZER_CAUSES[cause]
+    mode_overrides = BYPASS if mode == "bypass" else ()
+    settings = []
+    for arm, (arm_overrides, what) in STABILIZER_ARMS.items():
+        chosen = (*mode_overrides, "correction_preset=none") if arm_overrides is None else ()
+        settings.append(
+            Setting(
+                f"{cause}_{arm}",
+                (*overrides, "correction_preset=none", *chosen, *(arm_overrides or ())),
+                f"{label}; {what}",
+            )
+        )
+    return settings
+
+
 def breaking_point_suite() -> list[Setting]:
     """The corrections suite at the map's breaking point: bypass mode, horizon 8, logit noise
     0.2 (both uncorrected seeds collapsed there), with the decoupled recompute beside it."""
@@ -357,7 +431,9 @@ def suite(name: str, mismatch: str = "noise", noise_std: float | None = None) ->
         return breaking_point_suite()
     if name == "sft_long":
         return sft_long_suite()
+    if name.startswith("stabilizers_"):
+        return stabilizers_suite(name.removeprefix("stabilizers_"))
     raise SystemExit(
-        f"unknown suite {name!r}: choose corrections, sweep, causes, map, long, breaking or "
-        "sft_long"
+        f"unknown suite {name!r}: choose corrections, sweep, causes, map, long, breaking, "
+        f"sft_long or stabilizers_<cause> ({', '.join(STABILIZER_CAUSES)})"
     )

@@ -10,6 +10,7 @@ import torch
 from tir_rl.errors import ConfigError
 from tir_rl.mismatch.metrics import binary_divergences
 from tir_rl.trainer.ess_step import ESSRule, ESSStepSize, ess_ratio, sequence_weight_sums
+from tir_rl.trainer.optimal_baseline import optimal_baseline_advantages
 
 
 def test_the_ess_ratio_of_sequence_weights_is_vcpos():
@@ -57,3 +58,18 @@ def test_binary_divergences_of_the_sampled_token():
     assert tv.tolist()[0] == pytest.approx([0.2, 0.0, 0.0], abs=1e-7)
     expected = 0.5 * math.log(0.5 / 0.7) + 0.5 * math.log(0.5 / 0.3)
     assert kl.tolist()[0] == pytest.approx([expected, 0.0, 0.0], abs=1e-7)
+
+
+def test_the_optimal_baseline_weighs_rewards_by_gradient_norm_and_is_weight():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0])
+    groups = torch.tensor([3, 3, 3, 9, 9])
+    norms = torch.tensor([2.0, 1.0, 1.0, 1.0, 3.0])
+    log_w = torch.log(torch.tensor([1.0, 2.0, 1.0, 1.0, 1.0]))
+    advantages, baseline = optimal_baseline_advantages(rewards, groups, norms, log_w)
+    # Group 3: W = 4·1, 1·4, 1·1 -> b = 4/9; σ = population std of (1, 0, 0) = √2/3.
+    b = 4 / (9 + 1e-8)
+    assert baseline[:3].tolist() == pytest.approx([b] * 3, rel=1e-6)
+    sigma = math.sqrt(2) / 3
+    assert advantages[:3].tolist() == pytest.approx([(1 - b) / sigma, -b / sigma, -b / sigma])
+    # Group 9 ties (σ = 0): the advantage is R − b, which is ~0.
+    assert advantages[3:].tolist() == pytest.approx([0.0, 0.0], abs=1e-8)

@@ -30,7 +30,6 @@ empty passes so the collectives stay matched.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 from collections import Counter
@@ -52,13 +51,14 @@ from tir_rl.mismatch.guard import CollapseGuard, GuardDecision
 from tir_rl.models import resolve_model
 from tir_rl.trainer import lora as lora_ops
 from tir_rl.trainer import placement
-from tir_rl.trainer.batch import MicroBatch, Packing, TrainBatch
+from tir_rl.trainer.batch import Packing, TrainBatch
 from tir_rl.trainer.ess_step import ESS_KEY, SCALE_KEY, ess_ratio, sequence_weight_sums
+from tir_rl.trainer.forward import TrainerForward
 from tir_rl.trainer.loss.base import LOSS_TOKENS, PolicyLoss
 from tir_rl.trainer.loss.grpo import GRPOLoss
 from tir_rl.trainer.lr_schedule import lr_factor
+from tir_rl.trainer.optimal_baseline import optimal_baseline_advantages
 from tir_rl.trainer.optimizer import build_adamw, clip_gradients, seed_everything
-from tir_rl.trainer.packing import plan_micro_batches
 from tir_rl.trainer.prefix_attention import register_prefix_attention
 from tir_rl.trainer.reference import ReferencePolicy, load_reference
 from tir_rl.trainer.step_result import (
@@ -71,7 +71,6 @@ from tir_rl.trainer.step_result import (
     combine_loss_metrics,
     update_columns,
 )
-from tir_rl.trainer.token_stats import score_only, token_stats
 from tir_rl.trainer.trainer_config import TrainerConfig
 
 logger = logging.getLogger(__name__)
@@ -165,6 +164,15 @@ class Trainer:
         if self.sharded:
             placement.apply_fsdp2(model, self.compute_dtype)
         self.model: nn.Module = model
+        self.forward = TrainerForward(
+            device=self.device,
+            compute_dtype=self.compute_dtype,
+            sharded=self.sharded,
+            temperature=self.config.temperature,
+            micro_batch_tokens=self.config.micro_batch_tokens,
+            packing=self.config.packing,
+        )
+        """The one forward the trainer scores tokens with (`tir_rl.trainer.forward`)."""
         self.reference: ReferencePolicy | None = None
         """The frozen policy of the loss's KL term; None when the loss has none."""
         if reference_record is not None:
@@ -191,6 +199,13 @@ class Trainer:
         """Corrects a batch's sequences: each micro-batch's once in the update pass, or the
         whole batch first when its weights are normalized over it. Whatever it rejects
         leaves the loss and its normalizer alike (both read its result)."""
+        normalized = self.correction.config.batch_normalize
+        if self.config.optimal_baseline and (self.sharded or normalized):
+            raise ConfigError(
+                "trainer.optimal_baseline needs each sequence's own gradient norm: it runs on one "
+                f"rank (world size is {tdist.world_size()}) and with weights corrected per "
+                f"sequence (correction.batch_normalize is {normalized}). Turn one of them off."
+            )
         self.step = 0
         """Number of train_step calls so far (applied or skipped); the schedule's step."""
         self.skip_counts: Counter[UpdateStatus] = Counter()
@@ -209,7 +224,7 @@ class Trainer:
         was_training = self.model.training
         self.model.eval()
         try:
-            return self._score(batch, self.model)
+            return self.forward.score(batch, self.model)
         finally:
             self.model.train(was_training)
 
@@ -225,75 +240,7 @@ class Trainer:
                 "This trainer has no reference policy: its loss has no KL term (loss.kl_coef 0)."
             )
         with self.reference.forward_model() as reference:
-            return self._score(batch, reference)
-
-    def _score(self, batch: TrainBatch, model: nn.Module) -> torch.Tensor:
-        """[B, T] float32 CPU logprobs of `batch` under `model` (grad mode as the caller's)."""
-        out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32)
-        micro_batches = self._plan(batch)
-        for mb in self._matched(micro_batches):
-            if mb is None:
-                self._empty_pass(model, backward=False)
-                continue
-            logprobs = self._forward_token_stats(mb, entropy=False, model=model)[0].float().cpu()
-            out[mb.seq_indices[mb.dest_seq], mb.dest_tok] = logprobs
-        return out
-
-    def _plan(self, batch: TrainBatch) -> list[MicroBatch]:
-        return plan_micro_batches(batch, self.config.micro_batch_tokens, self.config.packing)
-
-    def _matched(self, micro_batches: list[MicroBatch]) -> list[MicroBatch | None]:
-        """Pad the list with None so every rank runs the same number of passes."""
-        num = tdist.all_reduce_count(len(micro_batches), tdist.ReduceOp.MAX)
-        return [*micro_batches, *([None] * (num - len(micro_batches)))]
-
-    def _forward_token_stats(
-        self, mb: MicroBatch, *, entropy: bool, model: nn.Module | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """[n] token logprobs under `model` (grad if enabled) and, if asked, [n] entropies.
-
-        `model` is the policy (None) or the reference: both run the same code, so the
-        reference gets the policy's layout, temperature and compute dtype.
-        """
-        model = self.model if model is None else model
-        keep = torch.unique(mb.pred_pos)  # sorted; the decoder hands lm_head these columns
-        column = torch.searchsorted(keep, mb.pred_pos)
-        head = model.get_output_embeddings()
-        # A shared-prefix layout reaches every attention layer (`prefix_attention`).
-        layout = (
-            {} if mb.prefix_layout is None else {"prefix_layout": mb.prefix_layout.to(self.device)}
-        )
-        with self._autocast(), score_only(head, mb.row.to(self.device), column.to(self.device)):
-            output = model(
-                input_ids=mb.input_ids.to(self.device),
-                position_ids=mb.position_ids.to(self.device),
-                logits_to_keep=keep.to(self.device),
-                use_cache=False,
-                **layout,
-            )
-        logits = output.logits.squeeze(0)  # [n, V], one row per token, in the micro-batch's order
-        token_logprobs, _, token_entropy = token_stats(
-            logits, mb.targets.to(self.device), temperature=self.config.temperature,
-            entropy=entropy,
-        )  # fmt: skip
-        return token_logprobs, token_entropy
-
-    def _autocast(self) -> contextlib.AbstractContextManager[object]:
-        """Run the forward in the compute dtype over float32 parameters (one rank only).
-
-        Sharded, FSDP2's `MixedPrecisionPolicy` casts the gathered parameters instead.
-        """
-        if self.compute_dtype == torch.float32 or self.sharded:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
-
-    def _empty_pass(self, model: nn.Module, *, backward: bool) -> None:
-        """A one-token pass of `model` contributing nothing, to keep FSDP collectives matched."""
-        ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
-        with self._autocast():
-            logits = model(input_ids=ids, use_cache=False).logits
-        if backward:
-            (logits.float().sum() * 0.0).backward()
+            return self.forward.score(batch, reference)
 
     # ------------------------------------------------------------------ training
 
@@ -346,6 +293,10 @@ class Trainer:
         """
         clock = StepClock()
         advantages = batch.checked_advantages(advantages)
+        baseline_row: dict[str, float] = {}
+        if self.config.optimal_baseline:
+            advantages, baseline_row = self.optimal_baseline(batch)
+            clock.mark("baseline")
         plan = self.correction.config.plan()
         old_logprobs, presplit = self._whole_batch_first(batch, old_logprobs, plan)
         clock.mark("logprob")
@@ -366,6 +317,7 @@ class Trainer:
             old_logprobs, batch.sampler_logprobs, batch.loss_mask, advantages, corrected.weights
         )
         local.update(combine_loss_metrics(update.metric_rows))
+        local.update({k: Metric.mean(v, LOSS_TOKENS) for k, v in baseline_row.items()})
         clock.mark("mismatch")
 
         totals = self._global_totals(batch, old_logprobs, corrected, update, local)
@@ -519,12 +471,12 @@ class Trainer:
         sums = torch.zeros(2, dtype=torch.float64, device=dev)  # loss, entropy of mask-1 tokens
         rows: list[torch.Tensor] = []
         parts: list[tuple[torch.Tensor, CorrectionResult]] = []
-        for mb in self._matched(self._plan(batch)):
+        for mb in self.forward.matched(self.forward.plan(batch)):
             if mb is None:
                 if self.reference is not None:
                     with torch.no_grad(), self.reference.forward_model() as reference:
-                        self._empty_pass(reference, backward=False)
-                self._empty_pass(self.model, backward=True)
+                        self.forward.empty_pass(reference, backward=False)
+                self.forward.empty_pass(self.model, backward=True)
                 continue
             seqs = mb.seq_indices.to(dev)
             width = int(mb.dest_tok.max()) + 1 if len(mb.dest_tok) else 1
@@ -534,10 +486,10 @@ class Trainer:
             ref = None
             if self.reference is not None:
                 with torch.no_grad(), self.reference.forward_model() as reference:
-                    ref_tokens = self._forward_token_stats(mb, entropy=False, model=reference)[0]
+                    ref_tokens = self.forward.token_stats(reference, mb, entropy=False)[0]
                 ref = torch.zeros(len(mb.seq_indices), width, device=dev, dtype=torch.float32)
                 ref = ref.index_put(dest, ref_tokens)  # [b, width]
-            token_logprobs, entropy = self._forward_token_stats(mb, entropy=True)
+            token_logprobs, entropy = self.forward.token_stats(self.model, mb, entropy=True)
             assert entropy is not None
             theta = torch.zeros(len(mb.seq_indices), width, device=dev, dtype=torch.float32)
             theta = theta.index_put(dest, token_logprobs)  # [b, width], carries grad
@@ -570,6 +522,39 @@ class Trainer:
         if presplit is None:
             corrected = CorrectionResult.assemble(parts, batch.loss_mask, batch.turn_ids)
         return UpdatePass(logprobs.cpu(), sums, rows, corrected)
+
+    def optimal_baseline(self, batch: TrainBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """VCPO's advantages from each sequence's own weighted score gradient (one pass each).
+
+        Returns the [B] advantages and the mean gap between a group's optimal baseline and its
+        mean reward (`train/opob_baseline_gap`).
+        """
+        self.model.train()
+        norms, log_ratios = [], []
+        for i in range(batch.num_sequences):
+            one = batch.select([i])
+            self.optimizer.zero_grad(set_to_none=True)
+            sampler, mask = one.sampler_logprobs.to(self.device), one.loss_mask.to(self.device)
+            for mb in self.forward.plan(one):
+                mb = mb.select_tokens(mb.token_mask(one.loss_mask))
+                token_logprobs, _ = self.forward.token_stats(self.model, mb, entropy=False)
+                theta = torch.zeros(sampler.shape, device=self.device, dtype=torch.float32)
+                theta = theta.index_put((mb.dest_seq.to(self.device), mb.dest_tok.to(self.device)),
+                                        token_logprobs)  # fmt: skip
+                fixed = self.correction(theta.detach(), sampler, mask, one.turn_ids.to(self.device))
+                (-(fixed.weights * theta).sum()).backward()
+                delta = torch.where(mask, theta.detach() - sampler, torch.zeros_like(theta))
+                log_ratios.append(float(delta.sum()))
+            norms.append(float(tdist.grad_norm(self.model.parameters())))
+        self.optimizer.zero_grad(set_to_none=True)
+        advantages, baseline = optimal_baseline_advantages(
+            batch.rewards, batch.group_ids, torch.tensor(norms), torch.tensor(log_ratios)
+        )
+        _, group = torch.unique(batch.group_ids, return_inverse=True)
+        means = torch.zeros(int(group.max()) + 1).index_add(0, group, batch.rewards.float())
+        means = means / torch.bincount(group).float()
+        gap = float((baseline - means[group].double()).abs().mean())
+        return advantages.float(), {"train/opob_baseline_gap": gap}
 
     def _clip(self, grad_norm: float) -> None:
         clip_gradients(self.model.parameters(), self.config.max_grad_norm, grad_norm)

@@ -104,6 +104,11 @@ class TrainerConfig:
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     """LoRA adapters (`peft`, the `tir-rl[lora]` extra): only the adapters train, and the
     engine gets the merged weights. Off unless `trainer.lora.enabled`."""
+    optimal_baseline: bool = False
+    """VCPO's off-policy optimal baseline: each group's advantages (R − b)/σ with b the group's
+    rewards weighted by ‖g_i‖²·w_i² (`tir_rl.trainer.optimal_baseline`) instead of the
+    advantages rank 0 computed. Costs one extra forward and backward per sequence (the exact
+    per-sequence gradient norms); one rank, no `correction.batch_normalize`."""
     ess_step_size: ESSStepSize = field(default_factory=ESSStepSize)
     """VCPO's learning rate scaled by the step's effective sample size (off by default;
     `tir_rl.trainer.ess_step`)."""

@@ -7,11 +7,12 @@ import math
 
 import pytest
 import torch
-from trainer_helpers import make_batch, with_sampler_logprobs
+from trainer_helpers import make_batch, make_group_batch, with_sampler_logprobs
 
 from tir_rl.mismatch import MismatchCorrection
 from tir_rl.mismatch.guard import CollapseGuard, GuardAction
 from tir_rl.trainer import TrainBatch, UpdateStatus
+from tir_rl.trainer.optimal_baseline import optimal_baseline_advantages
 
 
 def params(trainer) -> dict[str, torch.Tensor]:
@@ -303,3 +304,32 @@ def test_a_train_only_pattern_that_matches_nothing_is_refused(make_trainer):
 
     with pytest.raises(ConfigError, match="matches no parameter.*Did you mean 'model.norm.weight'"):
         make_trainer(train_only=("model.norm.weights",))
+
+
+def test_the_optimal_baseline_uses_each_sequences_own_gradient_norm(make_trainer):
+    """VCPO's baseline: ‖g_i‖ of each sequence, found here by an independent backward."""
+    batch = make_group_batch(groups=((12, 3), (7, 3)))
+    batch.rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0])
+    gen = torch.Generator().manual_seed(0)
+    shifted = batch.sampler_logprobs - 0.1 * torch.rand(batch.sampler_logprobs.shape, generator=gen)
+    batch = with_sampler_logprobs(batch, shifted)
+    trainer = make_trainer(optimal_baseline=True)
+    advantages, row = trainer.optimal_baseline(batch)
+    norms, log_ratios = [], []
+    for i in range(batch.num_sequences):
+        one = batch.select([i])
+        trainer.model.zero_grad(set_to_none=True)
+        logprobs = trainer.forward.score(one, trainer.model)  # with grad
+        (-torch.where(one.loss_mask, logprobs, 0.0).sum()).backward()
+        norms.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters()]).norm())
+        log_ratios.append(torch.where(one.loss_mask, logprobs - one.sampler_logprobs, 0.0).sum())
+    trainer.model.zero_grad(set_to_none=True)
+    expected, _ = optimal_baseline_advantages(
+        batch.rewards, batch.group_ids, torch.stack(norms), torch.stack(log_ratios).detach()
+    )
+    assert torch.allclose(advantages.double(), expected, rtol=1e-4, atol=1e-6)
+    assert row["train/opob_baseline_gap"] > 0
+    result = trainer.train_step(batch, torch.zeros(batch.num_sequences))  # rank 0's are replaced
+    assert result.status is UpdateStatus.APPLIED and result.grad_norm > 0
+    gap = row["train/opob_baseline_gap"]
+    assert result.metrics["train/opob_baseline_gap"] == pytest.approx(gap)
