@@ -202,6 +202,7 @@ def loss_cases(refs: dict[str, types.ModuleType]) -> list[tuple[str, str, Callab
 
         return call
 
+    gspo = ActorSettings(clip_ratio=3e-4, clip_ratio_high=4e-4)
     tv = ActorSettings(clip_ratio=0.15, clip_ratio_c=1e4)
     kl = ActorSettings(clip_ratio=0.05, clip_ratio_c=1e4)
     token, seq = LossTerms(), LossTerms(aggregation=Aggregation.SEQUENCE_MEAN)
@@ -216,7 +217,7 @@ def loss_cases(refs: dict[str, types.ModuleType]) -> list[tuple[str, str, Callab
             "gspo",
             "verl gspo",
             GSPOLoss(terms=seq),
-            verl_loss("gspo", ActorSettings(clip_ratio=3e-4, clip_ratio_high=4e-4), "seq-mean-token-mean"),
+            verl_loss("gspo", gspo, "seq-mean-token-mean"),
         ),
         (
             "cispo",
@@ -287,7 +288,7 @@ def compare_vcpo(vcpo: types.ModuleType, seeds: list[int]) -> list[str]:
             ref = float(vcpo.compute_opob_baseline(records, int(groups[i])))
             worst_base = max(worst_base, abs(float(baseline[i]) - ref) / max(abs(ref), 1e-12))
     for piece, reference, worst in (
-        ("ESS ratio ρ (unclipped sequence weights)", "compute_is_info + compute_ess_info", worst_ess),
+        ("ESS ratio ρ (raw sequence weights)", "compute_is_info + compute_ess_info", worst_ess),
         ("optimal baseline b per group", "compute_opob_baseline (group, mean)", worst_base),
     ):  # fmt: skip
         lines.append(
