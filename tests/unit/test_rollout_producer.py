@@ -27,13 +27,14 @@ def tokenizer():
 
 
 def producer_for(engine, tokenizer, *, k, groups_per_step=1, steps=3, group_size=1,
-                 late=LateGroups.WAIT, **env_kwargs):  # fmt: skip
+                 late=LateGroups.WAIT, max_draws_per_step=None, **env_kwargs):  # fmt: skip
     buffer = GroupBuffer(
         AdmissionSchedule(
             groups_per_step=groups_per_step,
             max_staleness=k,
             num_steps=steps,
             late_groups=late,
+            max_draws_per_step=max_draws_per_step,
         )
     )
     rollout = Rollout(engine, tokenizer, Rollout.Config(max_turns=3))
@@ -235,3 +236,41 @@ def test_threads_keep_the_bound_under_random_engine_and_tool_delays(tokenizer, k
     finally:
         producer.stop()
     assert lags and 0 <= min(lags) and max(lags) <= k
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_refill_replaces_tied_groups_with_new_tasks_until_each_step_has_signal(tokenizer, k):
+    """Every third task's two samples both answer right (a tie); the others split. Each step
+    still trains two groups with signal, and takes its tied groups along for the metrics."""
+    answered: dict[int, int] = {}
+    lock = threading.Lock()
+
+    def script(ep: int, turn: int) -> str:
+        with lock:
+            answered[ep] = answered.get(ep, 0) + 1
+            first = answered[ep] == 1
+        return ANSWER if ep % 3 == 0 or first else "<answer>7</answer>"
+
+    engine = FakeEngine(tokenizer, script)
+    producer, buffer = producer_for(
+        engine, tokenizer, k=k, groups_per_step=2, group_size=2, steps=3, max_draws_per_step=6
+    )
+    producer.start()
+    try:
+        seen: list[int] = []
+        for step in range(3):
+            taken = buffer.take()
+            buffer.advance_clock(step + 1)
+            signal = [g for g in taken.groups if not g.tied]
+            tied = [g for g in taken.groups if g.tied]
+            assert len(signal) == 2, taken
+            assert all(g.ticket.index % 3 != 0 for g in signal)
+            assert all(g.ticket.index % 3 == 0 for g in tied)
+            assert taken.num_tied == len(tied)
+            if k == 0:  # asynchronous steps may take groups drawn for later steps
+                assert taken.num_drawn == len(taken.groups)
+            seen += [g.ticket.index for g in taken.groups]
+        assert sorted(seen) == sorted(set(seen))  # no task is trained twice
+        assert 0 in seen  # task 0 tied, and went with step 0's metrics
+    finally:
+        producer.stop()
