@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from tir_rl.engine.parity import InferencePathReport
     from tir_rl.mismatch.injection import MismatchInjection
     from tir_rl.mismatch.localize import Localization
+    from tir_rl.trainer.forward import TrainerForward
 
 # Sampler vs trainer gaps on this kind of machine (docs/machine-facts): fp32 vLLM CPU gives
 # max |Δ| ~6e-5; bf16 gives ~0.3. Above WARN the correction matters; above FAIL it is a bug.
@@ -163,7 +164,6 @@ def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
         DEFAULT_SAMPLED_PROBE_PROMPT,
         probe_ids_from_text,
         probe_parity,
-        transformers_logprobs,
     )
     from tir_rl.envs.agent_env import AgentEnv
     from tir_rl.envs.episode import ResetInfo
@@ -210,7 +210,7 @@ def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
         probe = asyncio.run(
             probe_parity(
                 runtime.engine,
-                lambda ids: transformers_logprobs(trainer.model, ids).tolist(),
+                lambda ids: trainer.sequence_logprobs(ids).tolist(),
                 probe_ids_from_text(runtime.tokenizer),
                 tolerance=float("inf"),
             )
@@ -235,6 +235,7 @@ def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
                 prompt_ids=probe_ids_from_text(runtime.tokenizer, DEFAULT_SAMPLED_PROBE_PROMPT),
                 temperature=config.rollout.temperature,
                 injection=injection,
+                forward=trainer.forward,
             )
         )
     return findings
@@ -291,6 +292,7 @@ async def engine_findings(
     prompt_ids: Sequence[int],
     temperature: float,
     injection: MismatchInjection,
+    forward: TrainerForward,
 ) -> list[Finding]:
     """Measured checks of each mismatch cause against the running engine.
 
@@ -303,6 +305,8 @@ async def engine_findings(
         temperature: the run's sampling temperature.
         injection: the run's injection; the sync check sends weights through it, as training
             does (`sampler_state`), so an injected stale sync is exercised, not simulated.
+        forward: the trainer's forward (`Trainer.forward`), which scores every probe here,
+            `model` and its perturbed copies alike: what training would compute.
 
     Returns:
         One finding per cause: "sampled logprobs", "raw vs processed logprobs",
@@ -310,32 +314,34 @@ async def engine_findings(
         batching)"; all pass on a faithful sampler.
         The engine holds the run's weights again afterwards.
     """
-    from tir_rl.engine.parity import (
-        probe_inference_paths,
-        probe_parity,
-        probe_sampled,
-        transformers_logprobs,
-    )
+    from tir_rl.engine.parity import probe_inference_paths, probe_parity, probe_sampled
 
     def trainer_at(reference: Any) -> Any:
-        return lambda ids, t: transformers_logprobs(reference, ids, temperature=t).tolist()
+        return lambda ids, t: forward.sequence(reference, ids, temperature=t).tolist()
 
     sampled = await probe_sampled(engine, trainer_at(model), prompt_ids, temperature=temperature)
     out = [_sampled_finding(sampled.max_abs_diff, sampled.num_tokens, temperature)]
     out.append(_raw_logprobs_finding(sampled.max_abs_diff, sampled.max_abs_diff_raw, temperature))
-    prompt_gap = (await probe_parity(engine, model, probe_ids, tolerance=float("inf"))).max_abs_diff
+    prompt_gap = (
+        await probe_parity(engine, _scorer(forward, model), probe_ids, tolerance=float("inf"))
+    ).max_abs_diff
     rounded = _with_rounded_output_projection(model)
     rounded_gap = (
-        await probe_parity(engine, rounded, probe_ids, tolerance=float("inf"))
+        await probe_parity(engine, _scorer(forward, rounded), probe_ids, tolerance=float("inf"))
     ).max_abs_diff
     del rounded
     out.append(_lm_head_finding(prompt_gap, rounded_gap))
-    out.append(await _weight_sync_finding(engine, model, probe_ids, injection))
+    out.append(await _weight_sync_finding(engine, model, probe_ids, injection, forward))
     half = len(probe_ids) // 2  # a rotation of the probe: a prompt the prefix cache never saw
     unseen = [*probe_ids[half:], *probe_ids[:half]]
     paths = await probe_inference_paths(engine, unseen, temperature=temperature)
     out.append(_inference_path_finding(paths, engine.model_info.enable_prefix_caching))
     return out
+
+
+def _scorer(forward: TrainerForward, model: Any) -> Any:
+    """`ids -> logprobs of ids[1:]` of `model` by the trainer's forward, at temperature 1."""
+    return lambda ids: forward.sequence(model, ids).tolist()
 
 
 def _inference_path_finding(paths: InferencePathReport, prefix_caching: bool | None) -> Finding:
@@ -446,7 +452,11 @@ def _with_rounded_output_projection(model: Any) -> Any:
 
 
 async def _weight_sync_finding(
-    engine: Engine, model: Any, probe_ids: Sequence[int], injection: MismatchInjection
+    engine: Engine,
+    model: Any,
+    probe_ids: Sequence[int],
+    injection: MismatchInjection,
+    forward: TrainerForward,
 ) -> Finding:
     """Sync perturbed trainer weights through the run's sync rule; the engine must follow."""
     from tir_rl.engine.parity import probe_parity
@@ -459,8 +469,9 @@ async def _weight_sync_finding(
     try:
         if sent is not None:
             await engine.update_weights(sent)
-        to_new = await probe_parity(engine, perturbed, probe_ids, tolerance=float("inf"))
-        to_old = await probe_parity(engine, model, probe_ids, tolerance=float("inf"))
+        new, old = _scorer(forward, perturbed), _scorer(forward, model)
+        to_new = await probe_parity(engine, new, probe_ids, tolerance=float("inf"))
+        to_old = await probe_parity(engine, old, probe_ids, tolerance=float("inf"))
     finally:
         await engine.update_weights(injection.sampler_state(state, 0, force=True))
     detail = (

@@ -101,7 +101,7 @@ class WeightSync:
             if self.keep_stale_copy:
                 self._stale_state = {k: v.detach().clone() for k, v in state.items()}
         # The trainer side of the probe is a forward pass: with FSDP2 every rank runs it.
-        logprobs = parity.transformers_logprobs(trainer.model, self.probe_ids).tolist()
+        logprobs = trainer.sequence_logprobs(self.probe_ids).tolist()
         return PreparedSync(state, logprobs)
 
     async def rank0_send(

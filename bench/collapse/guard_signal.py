@@ -1,12 +1,18 @@
-"""Which guard signal foretells a collapse: k3 or the failure tilt, each as a limit on its
-5-step mean, replayed through the collapse guard itself over kept runs (nothing is rerun).
+"""Which guard signal foretells a collapse: k3, the failure tilt, VCPO's ESS or DPPO's binary TV,
+each as a limit on its 5-step mean, replayed through the collapse guard itself over kept runs
+(nothing is rerun).
 
     python bench/collapse/guard_signal.py bench/collapse/results/sft_long \
         --new bench/collapse/results/guard_new
 
 Signals, per step: `mismatch/k3_kl` from the run's metrics, and the failure tilt
 (`tir_rl.mismatch.failure_tilt`: Σ w A δ̄ / Σ w |A| over the trained sequences) recomputed from
-the run's `sequences.jsonl` with the formula the trainer logs it with. Each is fed to a
+the run's `sequences.jsonl` with the formula the trainer logs it with, VCPO's ESS deficit
+1 − ρ (`tir_rl.trainer.ess_step`: ρ of the step's raw sequence ratios exp Σ(ℓ^old − ℓ^μ),
+recomputed from the same records; higher is worse), and the mean binary total variation
+`mismatch/binary_tv` of the run's metrics (DPPO's divergence, logged since 2026-12-02: runs
+before it have none, and it is then judged on the new runs alone, one cause held out at a
+time). Each is fed to a
 `CollapseGuard` with one absolute limit on its trailing mean over `--smooth` steps, so a
 firing here is an alert the shipped guard would raise.
 
@@ -44,13 +50,16 @@ from tir_rl.mismatch.failure_tilt import TILT_KEY, tilt_sums  # noqa: E402
 from tir_rl.mismatch.guard import CollapseGuard  # noqa: E402
 from tir_rl.report.run_log import run_file  # noqa: E402
 from tir_rl.report.sequences import SEQUENCES_FILE, read_sequences  # noqa: E402
+from tir_rl.trainer.ess_step import ess_ratio  # noqa: E402
 
 K3_KEY = "mismatch/k3_kl"
+ESS_DEFICIT_KEY = "mismatch/vcpo_ess_deficit"
+BINARY_TV_KEY = "mismatch/binary_tv"
 GRID = tuple(round(m * 10.0**e, 12) for e in range(-5, 0) for m in (1, 1.5, 2, 3, 5, 7))
 REFERENCE = (K3_KEY, 3e-3)
 """The detector the issue measured the guard against: k3's 5-step mean above 3e-3."""
 CAUSES = (
-    ("raw_T", "raw logprobs"),
+    ("raw", "raw logprobs"),
     ("stale", "stale weights"),
     ("bf16", "bf16 sampler"),
     ("async", "asynchronous"),
@@ -91,6 +100,23 @@ def tilt_by_step(run: Run) -> dict[int, float]:
     return out
 
 
+def ess_deficit_by_step(run: Run) -> dict[int, float]:
+    """1 − VCPO's ESS ratio of each update step's trained sequences, from their records."""
+    path = run_file(run.folder, SEQUENCES_FILE)
+    if path is None:
+        raise SystemExit(f"{run.folder}: no {SEQUENCES_FILE}; the ESS needs per-sequence records")
+    by_step: dict[int, list[float]] = defaultdict(list)
+    for record in read_sequences(path):
+        if record.advantage is not None and record.model_tokens > 0:
+            by_step[record.step].append(record.log_ratio_sum)
+    out = {}
+    for step, sums in by_step.items():
+        w = torch.exp(torch.tensor(sums, dtype=torch.float64).clamp(-300, 300))
+        sums_w = torch.stack([w.sum(), w.square().sum(), torch.tensor(float(len(sums)))])
+        out[step] = 1.0 - ess_ratio(*sums_w.tolist())
+    return out
+
+
 @dataclass(frozen=True)
 class Signals:
     run: Run
@@ -98,7 +124,20 @@ class Signals:
 
 
 def signals(run: Run) -> Signals:
-    return Signals(run, {K3_KEY: values_by_step(run.rows, K3_KEY), TILT_KEY: tilt_by_step(run)})
+    return Signals(
+        run,
+        {
+            K3_KEY: values_by_step(run.rows, K3_KEY),
+            TILT_KEY: tilt_by_step(run),
+            ESS_DEFICIT_KEY: ess_deficit_by_step(run),
+            BINARY_TV_KEY: values_by_step(run.rows, BINARY_TV_KEY),
+        },
+    )
+
+
+def logged_by_all(sigs: Sequence[Signals], key: str) -> bool:
+    """Whether every run has the signal (a metric logged only by newer runs may be missing)."""
+    return bool(sigs) and all(s.by_key[key] for s in sigs)
 
 
 def firing_steps(values: dict[int, float], key: str, limit: float, smooth: int) -> list[int]:
@@ -169,17 +208,24 @@ def choose_limit(
     return best[1], best[2]
 
 
-NAMES = {K3_KEY: "k3", TILT_KEY: "failure tilt"}
+NAMES = {
+    K3_KEY: "k3",
+    TILT_KEY: "failure tilt",
+    ESS_DEFICIT_KEY: "ESS deficit 1 − ρ",
+    BINARY_TV_KEY: "binary TV",
+}
 
 
-def loco_table(sigs: Sequence[Signals], smooth: int, min_lead: int) -> list[str]:
+def loco_table(
+    sigs: Sequence[Signals], smooth: int, min_lead: int, keys: Sequence[str] = (K3_KEY, TILT_KEY)
+) -> list[str]:
     causes = sorted({cause_of(s.run) for s in sigs})
     lines = [
         "| signal | held-out cause | limit chosen on the other causes | "
         "held-out persisting collapses warned | held-out holds with a false alarm |",
         "|---|---|---|---|---|",
     ]
-    for key in (K3_KEY, TILT_KEY):
+    for key in keys:
         for cause in causes:
             rest = [s for s in sigs if cause_of(s.run) != cause]
             held = [s for s in sigs if cause_of(s.run) == cause]
@@ -241,6 +287,9 @@ def logged_agreement(sigs: Sequence[Signals]) -> str:
 
 def study(tuning: list[Run], new: list[Run], smooth: int, min_lead: int) -> str:
     sigs = [signals(r) for r in tuning]
+    new_sigs = [signals(r) for r in new]
+    tuned = [k for k in NAMES if logged_by_all(sigs, k)]
+    new_only = [k for k in NAMES if k not in tuned and logged_by_all(new_sigs, k)]
     out = [
         f"{len(tuning)} tuning runs; limits on the {smooth}-step trailing mean; warned = first "
         f"alert at least {min_lead} steps before a persisting collapse; grid "
@@ -248,11 +297,11 @@ def study(tuning: list[Run], new: list[Run], smooth: int, min_lead: int) -> str:
         "",
         "Leave one cause out (tuning runs):",
         "",
-        *loco_table(sigs, smooth, min_lead),
+        *loco_table(sigs, smooth, min_lead, tuned),
         "",
     ]
     frozen = []
-    for key in (K3_KEY, TILT_KEY):
+    for key in tuned:
         limit, found = choose_limit(sigs, key, smooth, min_lead)
         frozen.append((key, limit))
         out.append(
@@ -261,8 +310,16 @@ def study(tuning: list[Run], new: list[Run], smooth: int, min_lead: int) -> str:
             f"{found.false_alarms}/{found.holds} holds with a false alarm"
         )
     detectors = [REFERENCE, *frozen]
+    if new_only:
+        out += [
+            "",
+            f"Signals the tuning runs did not log ({', '.join(NAMES[k] for k in new_only)}): "
+            "leave one cause out among the new runs (the limit chosen on the other causes' new "
+            "runs, judged on the held-out cause's):",
+            "",
+            *loco_table(new_sigs, smooth, min_lead, new_only),
+        ]
     if new:
-        new_sigs = [signals(r) for r in new]
         out += [
             "",
             f"New runs ({len(new)}; no limit was chosen on them):",

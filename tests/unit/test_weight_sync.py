@@ -41,6 +41,9 @@ class FakeTrainer:
     def __init__(self) -> None:
         self.model = FakeLM()
 
+    def sequence_logprobs(self, ids: list[int], *, temperature: float = 1.0) -> torch.Tensor:
+        return transformers_logprobs(self.model, ids, temperature=temperature)
+
     def rank0_full_state_dict(self) -> dict[str, torch.Tensor]:
         state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         state[FINAL_NORM_KEY] = state.pop("norm")

@@ -103,6 +103,26 @@ class TrainBatch:
             policy_versions=versions,
         )
 
+    @classmethod
+    def of_sequence(cls, token_ids: Sequence[int]) -> TrainBatch:
+        """One sequence to score by teacher forcing (e.g. the parity probe).
+
+        Its first token is the prompt, the rest the completion, every token in the mask.
+        """
+        if len(token_ids) < 2:
+            raise ConfigError(f"a scored sequence needs at least 2 tokens, got {len(token_ids)}")
+        completion = torch.tensor([list(token_ids[1:])], dtype=torch.long)
+        return cls(
+            prompt_ids=[torch.tensor(list(token_ids[:1]), dtype=torch.long)],
+            completion_ids=completion,
+            loss_mask=torch.ones_like(completion, dtype=torch.bool),
+            sampler_logprobs=torch.zeros(completion.shape, dtype=torch.float32),
+            turn_ids=torch.zeros_like(completion),
+            completion_lens=torch.tensor([completion.shape[1]]),
+            rewards=torch.zeros(1),
+            group_ids=torch.zeros(1, dtype=torch.long),
+        )
+
     @property
     def num_sequences(self) -> int:
         """B."""

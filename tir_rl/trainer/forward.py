@@ -12,6 +12,7 @@ sampler's temperature).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -52,12 +53,13 @@ class TrainerForward:
         return [*micro_batches, *([None] * (num - len(micro_batches)))]
 
     def token_stats(
-        self, model: nn.Module, mb: MicroBatch, *, entropy: bool
+        self, model: nn.Module, mb: MicroBatch, *, entropy: bool, temperature: float | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """[n] token logprobs under `model` (grad if enabled) and, if asked, [n] entropies.
 
         `model` is the policy or the reference: both run the same code, so the reference gets
-        the policy's layout, temperature and compute dtype.
+        the policy's layout, temperature and compute dtype. `temperature` overrides the
+        sampler's (the parity probe scores at 1, as the engine's prompt logprobs are).
         """
         keep = torch.unique(mb.pred_pos)  # sorted; the decoder hands lm_head these columns
         column = torch.searchsorted(keep, mb.pred_pos)
@@ -76,20 +78,37 @@ class TrainerForward:
             )
         logits = output.logits.squeeze(0)  # [n, V], one row per token, in the micro-batch's order
         token_logprobs, _, token_entropy = token_stats(
-            logits, mb.targets.to(self.device), temperature=self.temperature, entropy=entropy
+            logits,
+            mb.targets.to(self.device),
+            temperature=self.temperature if temperature is None else temperature,
+            entropy=entropy,
         )
         return token_logprobs, token_entropy
 
-    def score(self, batch: TrainBatch, model: nn.Module) -> torch.Tensor:
+    def score(
+        self, batch: TrainBatch, model: nn.Module, *, temperature: float | None = None
+    ) -> torch.Tensor:
         """[B, T] float32 CPU logprobs of `batch` under `model` (grad mode as the caller's)."""
         out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32)
         for mb in self.matched(self.plan(batch)):
             if mb is None:
                 self.empty_pass(model, backward=False)
                 continue
-            logprobs = self.token_stats(model, mb, entropy=False)[0].float().cpu()
+            stats = self.token_stats(model, mb, entropy=False, temperature=temperature)
+            logprobs = stats[0].float().cpu()
             out[mb.seq_indices[mb.dest_seq], mb.dest_tok] = logprobs
         return out
+
+    @torch.no_grad()
+    def sequence(
+        self, model: nn.Module, token_ids: Sequence[int], *, temperature: float = 1.0
+    ) -> torch.Tensor:
+        """[T − 1] float32 CPU teacher-forced logprobs of `token_ids[1:]` under `model`.
+
+        The parity probe's and `tir-rl doctor`'s trainer side: the training forward on one
+        sequence (every rank must call it when sharded). The caller sets eval mode.
+        """
+        return self.score(TrainBatch.of_sequence(token_ids), model, temperature=temperature)[0]
 
     def autocast(self) -> contextlib.AbstractContextManager[object]:
         """Run the forward in the compute dtype over float32 parameters (one rank only).

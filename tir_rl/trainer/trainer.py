@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -225,6 +226,22 @@ class Trainer:
         self.model.eval()
         try:
             return self.forward.score(batch, self.model)
+        finally:
+            self.model.train(was_training)
+
+    @torch.no_grad()
+    def sequence_logprobs(
+        self, token_ids: Sequence[int], *, temperature: float = 1.0
+    ) -> torch.Tensor:
+        """[T − 1] teacher-forced logprobs of `token_ids[1:]` by the training forward.
+
+        The parity probe after a weight sync and `tir-rl doctor` score with this: the same
+        forward, packing, compute dtype and kernels as training (`TrainerForward.sequence`).
+        """
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return self.forward.sequence(self.model, token_ids, temperature=temperature)
         finally:
             self.model.train(was_training)
 

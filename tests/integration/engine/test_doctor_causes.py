@@ -10,11 +10,14 @@ import dataclasses
 import re
 
 import pytest
+import torch
 
 from tir_rl.doctor import Verdict, engine_findings
 from tir_rl.engine import VLLMLocalEngine
 from tir_rl.mismatch.injection import MismatchInjection
 from tir_rl.mismatch.localize import localize
+from tir_rl.trainer.batch import Packing
+from tir_rl.trainer.forward import TrainerForward
 
 pytestmark = pytest.mark.vllm
 
@@ -61,6 +64,14 @@ def diagnose(engine, hf_model, probe_ids, injection, state=None):
             prompt_ids=PROMPT,
             temperature=TEMPERATURE,
             injection=injection,
+            forward=TrainerForward(
+                device=torch.device("cpu"),
+                compute_dtype=torch.float32,
+                sharded=False,
+                temperature=TEMPERATURE,
+                micro_batch_tokens=4096,
+                packing=Packing.PACKED,
+            ),
         )
     )
     return {f.check: f for f in findings}

@@ -129,3 +129,21 @@ def test_update_logprobs_of_model_tokens_alone_equal_the_full_path_in_values_and
         trainer.model.zero_grad(set_to_none=True)
     hook.remove()
     assert num_model < num_full  # the tool tokens' columns really left lm_head
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_parity_probe_scores_with_the_training_forward(make_trainer, reference_model, dtype):
+    """The probe after a sync is the forward training computes: under bf16 autocast too."""
+    from tir_rl.mismatch.injection import MismatchInjection
+    from tir_rl.trainer.batch import TrainBatch
+    from tir_rl.weight_sync import WeightSync
+
+    probe = [1, 504, 2462, 314, 253, 1789, 30, 198, 77, 1200, 9]
+    trainer = make_trainer(dtype=dtype)
+    sync = WeightSync(MismatchInjection(), probe_ids=probe, parity_tolerance=1e-3)
+    prepared = sync.prepare(trainer, num_updates=1)
+    training = trainer.compute_logprobs(TrainBatch.of_sequence(probe))[0]
+    assert torch.equal(torch.tensor(prepared.trainer_logprobs), training)
+    fp32 = reference_logprobs(reference_model, TrainBatch.of_sequence(probe), 1.0)[0]
+    gap = (training - fp32).abs().max().item()
+    assert (gap > 1e-3) if dtype == "bfloat16" else (gap < 1e-5)  # bf16: another forward
