@@ -27,7 +27,9 @@ def test_shared_prefix_logprobs_equal_the_packed_ones(make_trainer, model, budge
     assert computed_tokens(batch, 4096, Packing.SHARED_PREFIX) < computed_tokens(
         batch, 4096, Packing.PACKED
     )
-    packed = make_trainer(model=model, micro_batch_tokens=budget).compute_logprobs(batch)
+    packed = make_trainer(
+        model=model, micro_batch_tokens=budget, packing=Packing.PACKED
+    ).compute_logprobs(batch)
     shared = make_trainer(
         model=model, micro_batch_tokens=budget, packing=Packing.SHARED_PREFIX
     ).compute_logprobs(batch)
@@ -57,7 +59,7 @@ def test_shared_prefix_update_has_the_packed_updates_loss_and_gradient(make_trai
     advantages = torch.linspace(-1.0, 1.0, batch.num_sequences)
     # micro_batch_tokens 40: a group is split into several units, rows hold several units.
     packed, packed_grads = step_with_gradients(
-        make_trainer(model=model, micro_batch_tokens=40), batch, advantages
+        make_trainer(model=model, micro_batch_tokens=40, packing=Packing.PACKED), batch, advantages
     )
     shared, shared_grads = step_with_gradients(
         make_trainer(model=model, micro_batch_tokens=40, packing=Packing.SHARED_PREFIX),
