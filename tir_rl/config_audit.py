@@ -57,14 +57,15 @@ def static_findings(config: RunConfig, *, tie_word_embeddings: bool | None) -> l
             f"sampler {rollout.temperature} != trainer {trainer.temperature}",
             "set rollout.temperature and trainer.temperature to the same value",
         ))  # fmt: skip
-    if engine.allow_truncated_sampling:
+    cut = rollout.truncation
+    if cut.active:
         out.append(Finding(
-            "top-p / top-k", Verdict.WARN,
-            "truncated sampling allowed: the trainer does not renormalise over the nucleus",
-            "keep top_p=1 and top_k off, or use a masking correction (correction_preset)",
+            "top-p / top-k / min-p", Verdict.PASS,
+            f"top_p {cut.top_p:g}, top_k {cut.top_k}, min_p {cut.min_p:g}: the trainer replays "
+            "the kept set (the measured kept mass and ratios: 'truncated sampling' below)",
         ))  # fmt: skip
     else:
-        out.append(Finding("top-p / top-k", Verdict.PASS, "refused (top_p=1, top_k off)"))
+        out.append(Finding("top-p / top-k / min-p", Verdict.PASS, "off: the whole vocabulary"))
     if engine.dtype == trainer.dtype:
         out.append(Finding("dtype", Verdict.PASS, f"sampler {engine.dtype} = trainer"))
     else:

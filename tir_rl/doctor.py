@@ -17,9 +17,12 @@ from tir_rl.run_config import RunConfig
 from tir_rl.types import Trajectory
 
 if TYPE_CHECKING:
+    import torch
+
     from tir_rl.chat import ChatFormat
     from tir_rl.engine.base import Engine
     from tir_rl.engine.parity import InferencePathReport
+    from tir_rl.engine.truncation import SamplingTruncation
     from tir_rl.mismatch.injection import MismatchInjection
     from tir_rl.mismatch.localize import Localization
     from tir_rl.trainer.forward import TrainerForward
@@ -143,6 +146,40 @@ def measured_finding(metrics: dict[str, float], num_episodes: int) -> Finding:
     return Finding("sampler vs trainer logprobs", Verdict.PASS, detail)
 
 
+def truncation_finding(
+    replayed: torch.Tensor,
+    unreplayed: torch.Tensor,
+    sampler: torch.Tensor,
+    loss_mask: torch.Tensor,
+    truncation: SamplingTruncation,
+) -> Finding:
+    """What the kept-set replay does to the ratio, on the doctor's episodes.
+
+    Args:
+        replayed: [B, T] the trainer's logprobs over the kept set (what training uses).
+        unreplayed: [B, T] its logprobs over the whole vocabulary.
+        sampler: [B, T] the sampler's processed logprobs (normalized over its kept set).
+        loss_mask: [B, T], 1 at sampled tokens.
+        truncation: the run's min-p, top-k and top-p.
+    """
+    mask = loss_mask.bool()
+    mass = (unreplayed - replayed)[mask].double().exp().mean()
+    without = (unreplayed - sampler)[mask].double().exp().mean()
+    with_replay = (replayed - sampler)[mask].double().exp().mean()
+    detail = (
+        f"top_p {truncation.top_p:g}, top_k {truncation.top_k}, min_p {truncation.min_p:g}: "
+        f"mean kept mass {mass:.4f}; the ratio π/μ averages {without:.4f} without the replay "
+        f"and {with_replay:.4f} with it (the trainer replays the kept set)"
+    )
+    if abs(float(with_replay) - 1) > 0.01:
+        return Finding(
+            "truncated sampling", Verdict.WARN, detail,
+            "the replayed ratio should average 1: check that the engine samples with the "
+            "rollout section's top_p / top_k / min_p and the processed logprobs mode",
+        )  # fmt: skip
+    return Finding("truncated sampling", Verdict.PASS, detail)
+
+
 def leftover_engine_finding(ended: Sequence[EngineProcess]) -> Finding:
     """Verdict on engine processes of exited runs (the doctor has just ended them)."""
     if not ended:
@@ -159,6 +196,8 @@ def leftover_engine_finding(ended: Sequence[EngineProcess]) -> Finding:
 def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
     """Run every check; starts the engine and trainer of `config` and plays a few episodes."""
     import json
+
+    import torch
 
     from tir_rl.engine.parity import (
         DEFAULT_SAMPLED_PROBE_PROMPT,
@@ -179,7 +218,7 @@ def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
         model_config = json.loads((runtime.model_path / "config.json").read_text())
         tied = model_config.get("tie_word_embeddings")
         findings += static_findings(config, tie_word_embeddings=tied)
-        trainer = Trainer(config.trainer)
+        trainer = Trainer(config.trainer, truncation=config.rollout.truncation)
         if injection.transforms_weights:  # the sampler gets what training would send it
             state = trainer.rank0_full_state_dict()  # merged weights under LoRA
             sent = injection.sampler_state(state, 0, force=True)
@@ -207,6 +246,15 @@ def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
             trainer_logprobs, batch.sampler_logprobs, batch.loss_mask, batch.turn_ids
         )
         findings.append(measured_finding(metrics, len(trajectories)))
+        if config.rollout.truncation.active:
+            with torch.no_grad():
+                unreplayed = trainer.forward.score(batch, trainer.model, replay=False)
+            findings.append(
+                truncation_finding(
+                    trainer_logprobs, unreplayed, batch.sampler_logprobs, batch.loss_mask,
+                    config.rollout.truncation,
+                )
+            )  # fmt: skip
         probe = asyncio.run(
             probe_parity(
                 runtime.engine,
@@ -266,7 +314,7 @@ def run_localize(config: RunConfig) -> Localization:
     injection = MismatchInjection(config.inject)
     with open_runtime(config) as runtime:
         engine = cast(VLLMLocalEngine, runtime.engine.inner)  # engine.kind local
-        trainer = Trainer(config.trainer)
+        trainer = Trainer(config.trainer, truncation=config.rollout.truncation)
         model = trainer.model.merge_and_unload() if trainer.lora_enabled else trainer.model
         state = trainer.rank0_full_state_dict()
         if injection.transforms_weights:

@@ -62,9 +62,10 @@ def test_token_stats_entropy_matches_the_softmax_entropy_and_backward_leaves_log
     base = (3 * torch.randn(9, 130, generator=gen)).to(dtype)
     targets = torch.randint(0, 130, (9,), generator=gen)
     logits = base.clone().requires_grad_()
-    logprobs, lse, entropy = token_stats(
+    logprobs, lse, entropy, outside = token_stats(
         logits, targets, temperature=temperature, chunk_rows=4, entropy=True
     )
+    assert not outside.any()  # no truncation: every target is in the (whole) kept set
     probs = torch.softmax(base.float() / temperature, dim=-1)
     expected = -(probs * torch.log_softmax(base.float() / temperature, dim=-1)).sum(dim=-1)
     torch.testing.assert_close(entropy, expected)

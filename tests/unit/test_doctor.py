@@ -1,5 +1,9 @@
 import dataclasses
+import math
 import re
+
+import pytest
+import torch
 
 from tir_rl.config import load
 from tir_rl.doctor import (
@@ -11,6 +15,7 @@ from tir_rl.doctor import (
     static_findings,
     template_finding,
 )
+from tir_rl.errors import ConfigError
 from tir_rl.run_config import RunConfig
 from tir_rl.types import Trajectory
 
@@ -46,11 +51,10 @@ def test_each_known_source_of_mismatch_is_flagged_with_a_fix():
         [
             "engine.dtype=bfloat16",
             "engine.enable_prefix_caching=true",
-            "engine.allow_truncated_sampling=true",
         ],
     )
     findings = {f.check: f for f in static_findings(config, tie_word_embeddings=True)}
-    for check in ("dtype", "lm_head precision", "prefix caching", "top-p / top-k", "correction"):
+    for check in ("dtype", "lm_head precision", "prefix caching", "correction"):
         assert findings[check].verdict is Verdict.WARN, check
         assert findings[check].fix, check
     assert "engine.dtype=float32" in findings["dtype"].fix
@@ -210,3 +214,34 @@ def test_staleness_is_checked_against_the_correction():
     assert finding.verdict is Verdict.WARN and "token_tis" in finding.fix
     kept = load(RunConfig, None, ["engine.clear_kv_on_update=false"])
     assert verdicts(kept)["KV across weight updates"] is Verdict.WARN
+
+
+def test_truncated_sampling_is_replayed_and_retired_keys_explain_themselves():
+    config = load(RunConfig, None, ["rollout.top_p=0.9", "rollout.top_k=20"])
+    finding = next(
+        f for f in static_findings(config, tie_word_embeddings=True)
+        if f.check == "top-p / top-k / min-p"
+    )  # fmt: skip
+    assert finding.verdict is Verdict.PASS and "replays the kept set" in finding.detail
+    assert load(RunConfig, None, ["engine.allow_truncated_sampling=false"])  # old saved configs
+    with pytest.raises(ConfigError, match="rollout.top_p"):
+        load(RunConfig, None, ["engine.allow_truncated_sampling=true"])
+    with pytest.raises(ConfigError, match=r"rollout\.top_p must be in \(0, 1\]"):
+        load(RunConfig, None, ["rollout.top_p=0"])
+    with pytest.raises(ConfigError, match=r"rollout\.min_p"):
+        load(RunConfig, None, ["rollout.min_p=1"])
+
+
+def test_the_truncation_finding_reads_the_kept_mass_and_both_ratios():
+    from tir_rl.doctor import truncation_finding
+    from tir_rl.engine.truncation import SamplingTruncation
+
+    replayed = torch.log(torch.tensor([[0.5, 0.25]]))
+    unreplayed = replayed + math.log(0.8)  # the kept set held 0.8 of the mass
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    good = truncation_finding(replayed, unreplayed, replayed, mask, SamplingTruncation(top_p=0.9))
+    assert good.verdict is Verdict.PASS
+    assert "kept mass 0.8000" in good.detail and "0.8000 without" in good.detail
+    assert "1.0000 with it" in good.detail
+    off = truncation_finding(replayed, unreplayed, unreplayed, mask, SamplingTruncation(top_k=5))
+    assert off.verdict is Verdict.WARN

@@ -193,7 +193,9 @@ def test_tool_choice_none_hides_the_tools(tokenizer):
     ("field", "value", "says"),
     [
         ("temperature", 0.7, "differs from the endpoint's 1.0"),
-        ("top_p", 0.9, "top_p"),
+        ("top_p", 0.9, "top_p 0.9 differs from the run's 1.0"),
+        ("top_k", 20, "top_k 20 differs from the run's None"),
+        ("min_p", "x", "'min_p' must be a number"),
         ("tool_choice", "required", "forcing a call"),
         ("stream", "yes", "'stream' must be true or false"),
         ("stop", ["\n"], "token ids"),
@@ -220,6 +222,20 @@ def test_the_run_s_temperature_is_accepted_and_used(tokenizer):
     endpoint, engine = endpoint_with(tokenizer, "Ok.")
     complete(endpoint, "e8", messages=[{"role": "user", "content": "Hi."}], temperature=1.0)
     assert engine.requests[0].temperature == 1.0
+
+
+def test_the_run_s_truncation_is_sampled_and_a_request_may_repeat_it(tokenizer):
+    from tir_rl.engine.truncation import SamplingTruncation
+
+    engine = FakeTextEngine(tokenizer, lambda request: "Ok.")
+    cut = SamplingTruncation(top_p=0.9, top_k=20, min_p=0.05)
+    endpoint = ChatEndpoint(engine, tokenizer, config=EndpointConfig(truncation=cut))
+    hi = [{"role": "user", "content": "Hi."}]
+    complete(endpoint, "e9", messages=hi)
+    complete(endpoint, "e10", messages=hi, top_p=0.9, top_k=20, min_p=0.05)
+    assert {r.truncation for r in engine.requests} == {cut}
+    with pytest.raises(RequestError, match="top_p 1.0 differs from the run's 0.9"):
+        complete(endpoint, "e12", messages=hi, top_p=1.0)
 
 
 def test_a_run_s_endpoint_serves_only_the_episodes_the_run_opened(tokenizer):

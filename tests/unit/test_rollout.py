@@ -96,13 +96,15 @@ def test_trajectory_holds_sampled_ids_verbatim_and_rendered_tool_turns_with_mask
     assert traj.timings.total_s >= traj.timings.generate_s > 0
 
 
-def test_requests_carry_stop_ids_temperature_and_distinct_reproducible_seeds(tokenizer):
+def test_requests_carry_stop_ids_sampling_settings_and_distinct_reproducible_seeds(tokenizer):
     engine = FakeEngine(tokenizer, lambda ep, turn: call("echo", text="x") if turn < 2 else ANSWER)
-    rollout = Rollout(engine, tokenizer, Rollout.Config(temperature=0.7, seed=3))
+    config = Rollout.Config(temperature=0.7, seed=3, top_p=0.9, top_k=20, min_p=0.05)
+    rollout = Rollout(engine, tokenizer, config)
     rollout.run_batch_sync(group_specs(FakeToolEnv, None, group_size=2, options={"task_index": 0}))
     requests = [r for _, _, r in engine.requests]
     assert len(requests) == 6
     assert all(r.temperature == 0.7 for r in requests)
+    assert all(r.truncation == config.truncation for r in requests)  # every turn, the run's
     assert all(tuple(r.stop_token_ids)[0] == tokenizer.convert_tokens_to_ids("<|im_end|>")
                for r in requests)  # fmt: skip
     assert all(r.stop_token_sequences == () for r in requests)
@@ -110,7 +112,7 @@ def test_requests_carry_stop_ids_temperature_and_distinct_reproducible_seeds(tok
     assert len(set(seeds)) == 6
 
     engine2 = FakeEngine(tokenizer, engine.script)
-    rollout2 = Rollout(engine2, tokenizer, Rollout.Config(temperature=0.7, seed=3))
+    rollout2 = Rollout(engine2, tokenizer, config)
     rollout2.run_batch_sync(group_specs(FakeToolEnv, None, group_size=2, options={"task_index": 0}))
     assert sorted(r.seed for _, _, r in engine2.requests) == sorted(seeds)
 

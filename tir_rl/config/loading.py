@@ -4,7 +4,9 @@ A config is a tree of (keyword-only) dataclasses. Values from YAML and from `--s
 checked against the field's type annotation; an unknown key is an error that names the
 nearest valid key, so a typo never silently falls back to a default. A section that moved
 some of its keys declares where they went (`MOVED_KEYS`, a class variable: old key ->
-(sub-section, key)): an old config still loads, with a warning that names the new key.
+(sub-section, key)): an old config still loads, with a warning that names the new key. A key
+that is gone (`RETIRED_KEYS`: old key -> (its inert value, why)) is dropped at that value, so
+saved configs load, and refused with the reason at any other.
 """
 
 from __future__ import annotations
@@ -138,9 +140,17 @@ def _move_keys(cls: type, data: Mapping[str, Any], where: str) -> Mapping[str, A
     A saved config of an older version keeps loading; a value given both ways is refused.
     """
     moved: Mapping[str, tuple[str, str]] = getattr(cls, "MOVED_KEYS", {})
-    if not any(key in moved for key in data):
+    retired: Mapping[str, tuple[Any, str]] = getattr(cls, "RETIRED_KEYS", {})
+    if not any(key in moved or key in retired for key in data):
         return data
     out = dict(data)
+    for old, (inert, why) in retired.items():
+        if old not in out:
+            continue
+        value = out.pop(old)
+        if value != inert:
+            path = f"{where}.{old}" if where else old
+            raise ConfigError(f"{path}={value!r} is no longer a setting: {why}")
     for old, (section, key) in moved.items():
         if old not in out:
             continue

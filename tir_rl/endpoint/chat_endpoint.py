@@ -20,13 +20,14 @@ import asyncio
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tir_rl.chat import ChatFormat
 from tir_rl.endpoint.openai_chat import (
     ChatRequest,
+    RequestedTruncation,
     RequestError,
     assistant_json,
     finite_logprob,
@@ -35,6 +36,7 @@ from tir_rl.endpoint.openai_chat import (
 )
 from tir_rl.endpoint.recorder import CallRecorder, RecordedCall, UnknownEpisodeError
 from tir_rl.engine.base import FinishReason, GenerateRequest, GenerateResult
+from tir_rl.engine.truncation import SamplingTruncation
 from tir_rl.errors import ConfigError, EngineError
 from tir_rl.types import Message, Role
 
@@ -51,6 +53,9 @@ class EndpointConfig:
 
     temperature: float = 1.0
     """The only temperature sampled; a request asking for another one is refused."""
+    truncation: SamplingTruncation = field(default_factory=SamplingTruncation)
+    """The only min-p, top-k and top-p sampled (inside a run: the rollout's); a request
+    asking for others is refused (the trainer replays the run's kept set)."""
     max_tokens_per_call: int = 512
     """Tokens sampled per choice when the request gives no `max_completion_tokens`."""
     max_context_tokens: int | None = None
@@ -67,6 +72,7 @@ class EndpointConfig:
         """Raise `ConfigError` naming the bad field."""
         if not self.temperature > 0:
             raise ConfigError(f"endpoint temperature must be > 0, got {self.temperature}")
+        self.truncation.validate("endpoint")
         if self.max_tokens_per_call < 1:
             raise ConfigError("endpoint max_tokens_per_call must be >= 1")
         if self.max_calls_per_episode is not None and self.max_calls_per_episode < 1:
@@ -161,6 +167,7 @@ class ChatEndpoint:
                 "out or send the run's value.",
                 param="temperature",
             )
+        self._refuse_other_truncation(request.truncation)
         tools = request.tool_schemas if request.show_tools else ()
         fmt = self.chat_format(tools)
         prompt_ids, extends = self._prompt(episode_id, request, fmt, tools)
@@ -193,6 +200,9 @@ class ChatEndpoint:
                 prompt_token_ids=prompt_ids,
                 max_tokens=max_tokens,
                 temperature=temperature,
+                top_p=self.config.truncation.top_p,
+                top_k=self.config.truncation.top_k,
+                min_p=self.config.truncation.min_p,
                 seed=None if request.seed is None else request.seed + i,
                 stop_token_ids=fmt.stop_token_ids,
                 affinity=episode_id,
@@ -211,6 +221,22 @@ class ChatEndpoint:
         ]
         self.recorder.add(calls)
         return self._response(episode_id, call_index, request, prompt_ids, calls)
+
+    def _refuse_other_truncation(self, asked: RequestedTruncation) -> None:
+        """A request may repeat the run's min-p, top-k and top-p, never ask for others."""
+        run = self.config.truncation
+        for name, value, own in (
+            ("top_p", asked.top_p, run.top_p),
+            ("top_k", asked.top_k, run.top_k),
+            ("min_p", asked.min_p, run.min_p),
+        ):
+            if value is not None and value != own:
+                raise RequestError(
+                    f"{name} {value} differs from the run's {own}: the trainer replays the "
+                    f"kept set of the run's sampling settings. Leave '{name}' out or send the "
+                    "run's value (rollout.top_p, rollout.top_k, rollout.min_p).",
+                    param=name,
+                )
 
     def _prompt(
         self,

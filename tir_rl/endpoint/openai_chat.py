@@ -5,9 +5,10 @@ draws (and so the logprobs the trainer recomputes) is honoured exactly or refuse
 `RequestError` naming the field; fields that change nothing the sampler does (`user`,
 `metadata`, `store`, ...) are accepted and ignored. What is refused, and why:
 
-- `temperature` other than the endpoint's: the trainer divides its logits by the run's
-  temperature; a request sampled at another one would carry logprobs of another policy.
-- `top_p` < 1, `top_k`, `logit_bias`, presence/frequency penalties, `stop` strings,
+- `temperature`, `top_p`, `top_k` or `min_p` other than the endpoint's (the run's rollout
+  settings): the trainer divides its logits by the run's temperature and replays the run's
+  kept set; a request sampled otherwise would carry logprobs of another policy.
+- `logit_bias`, presence/frequency penalties, `stop` strings,
   `tool_choice` "required" or a named function, structured `response_format`: each cuts or
   bends the distribution the tokens are drawn from, which the trainer does not reproduce.
 - `top_logprobs` > 0, non-text content parts: not implemented.
@@ -88,10 +89,40 @@ class ChatRequest:
     """`max_completion_tokens` (or the older `max_tokens`); None: as many as fit."""
     temperature: float | None
     """None: the endpoint's temperature."""
+    truncation: RequestedTruncation
+    """The top_p, top_k and min_p the request names (None each: the endpoint's)."""
     seed: int | None
     logprobs: bool
     return_token_ids: bool
     """vLLM's extension: the prompt's and each choice's token ids in the response."""
+
+
+@dataclass(frozen=True)
+class RequestedTruncation:
+    """A request's min-p, top-k and top-p, each None where the request names none."""
+
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+
+
+def _requested_truncation(body: Mapping[str, Any]) -> RequestedTruncation:
+    """Read top_p, top_k and min_p; vLLM's "off" values (top_k 0 or −1) read as not given."""
+    values: dict[str, Any] = {}
+    for name, kind in (("top_p", int | float), ("top_k", int), ("min_p", int | float)):
+        value = body.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise RequestError(f"'{name}' must be a number", param=name)
+        values[name] = value
+    if values.get("top_k") in (0, -1):
+        values["top_k"] = None
+    return RequestedTruncation(
+        top_p=None if "top_p" not in values else float(values["top_p"]),
+        top_k=values.get("top_k"),
+        min_p=None if "min_p" not in values else float(values["min_p"]),
+    )
 
 
 def parse_chat_request(body: Mapping[str, Any]) -> ChatRequest:
@@ -121,6 +152,7 @@ def parse_chat_request(body: Mapping[str, Any]) -> ChatRequest:
         n=n,
         max_tokens=max_tokens,
         temperature=None if temperature is None else float(temperature),
+        truncation=_requested_truncation(body),
         seed=seed,
         logprobs=bool(body.get("logprobs", False)),
         return_token_ids=bool(body.get("return_token_ids", False)),
@@ -134,9 +166,6 @@ def _refuse_sampling_changes(body: Mapping[str, Any]) -> None:
     if stream_options is not None and not isinstance(stream_options, Mapping):
         raise RequestError("'stream_options' must be an object", param="stream_options")
     checks: list[tuple[str, bool, str]] = [
-        ("top_p", body.get("top_p", 1) != 1, "top_p < 1 truncates the sampled distribution"),
-        ("top_k", body.get("top_k") not in (None, -1, 0), "top_k truncates the distribution"),
-        ("min_p", body.get("min_p", 0) not in (0, None), "min_p truncates the distribution"),
         ("logit_bias", bool(body.get("logit_bias")), "logit_bias changes the distribution"),
         ("presence_penalty", bool(body.get("presence_penalty")), "penalties change it"),
         ("frequency_penalty", bool(body.get("frequency_penalty")), "penalties change it"),

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
+from tir_rl.engine.truncation import SamplingTruncation
 from tir_rl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -50,9 +51,12 @@ class GenerateRequest:
     temperature: float = 1.0
     """Sampling temperature, > 0; the trainer must divide its logits by the same value."""
     top_p: float = 1.0
-    """Nucleus sampling mass; anything but 1.0 needs `allow_truncated_sampling`."""
+    """Nucleus sampling mass in (0, 1]; 1: off. The trainer replays the kept set
+    (`tir_rl.engine.truncation`)."""
     top_k: int | None = None
-    """Top-k sampling; None means off. Needs `allow_truncated_sampling`."""
+    """Top-k sampling; None means off."""
+    min_p: float = 0.0
+    """Min-p sampling in [0, 1); 0 means off."""
     seed: int | None = None
     """Per-request sampling seed; the same seed, prompt and weights give the same tokens."""
     stop_token_ids: Sequence[int] = ()
@@ -79,17 +83,14 @@ class GenerateRequest:
                 f"GenerateRequest.temperature must be > 0, got {self.temperature}: greedy "
                 "decoding has no sampler logprobs to correct against; use a small temperature"
             )
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"GenerateRequest.top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ConfigError(f"GenerateRequest.top_k must be >= 1 or None, got {self.top_k}")
+        self.truncation.validate("GenerateRequest")
         if any(len(seq) == 0 for seq in self.stop_token_sequences):
             raise ConfigError("GenerateRequest.stop_token_sequences contains an empty sequence")
 
     @property
-    def is_truncated_sampling(self) -> bool:
-        """Whether top-p or top-k cuts the distribution the sampler draws from."""
-        return self.top_p != 1.0 or self.top_k is not None
+    def truncation(self) -> SamplingTruncation:
+        """The request's min-p, top-k and top-p."""
+        return SamplingTruncation(top_p=self.top_p, top_k=self.top_k, min_p=self.min_p)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -261,14 +262,3 @@ def truncate_at_stop_sequence(
         return token_ids, logprobs, None
     end, seq = found
     return token_ids[:end], logprobs[:end], seq
-
-
-def check_truncated_sampling(request: GenerateRequest, *, allowed: bool) -> None:
-    """Refuse top-p / top-k unless the run's mismatch correction is configured for them."""
-    if request.is_truncated_sampling and not allowed:
-        raise ConfigError(
-            f"top_p={request.top_p}, top_k={request.top_k} truncate the sampling distribution, "
-            "so sampler and trainer logprobs no longer describe the same distribution. Use "
-            "top_p=1.0 and top_k=None, or set allow_truncated_sampling=True in the engine "
-            "config once the mismatch correction is configured for truncated sampling."
-        )

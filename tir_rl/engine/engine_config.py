@@ -23,6 +23,7 @@ import enum
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from tir_rl.engine.base import Engine
 from tir_rl.engine.pool import EnginePool, HangCheck, Routing
@@ -79,6 +80,16 @@ class ServerSection(ServerConnection):
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig(VLLMLocalEngine.Config):
     """The sampling engine: shared and local settings (flat), the servers' (`http`)."""
+
+    RETIRED_KEYS: ClassVar[dict[str, tuple[object, str]]] = {
+        "allow_truncated_sampling": (
+            False,
+            "top-p, top-k and min-p are set in the rollout section (rollout.top_p, "
+            "rollout.top_k, rollout.min_p) and the trainer replays the kept set, so there is "
+            "nothing to allow. Drop the key.",
+        ),
+    }
+    """Keys a saved config of an older version may hold (`tir_rl.config.loading`)."""
 
     kind: EngineKind = EngineKind.LOCAL
     """`local`: start vLLM in this process. `http`: use the `vllm serve` server at

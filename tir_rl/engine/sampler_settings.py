@@ -27,8 +27,6 @@ class SamplerSettings:
     """vLLM logprobs mode; anything but `processed_logprobs` needs the flag below."""
     allow_other_logprobs_mode: bool = False
     """Accept a logprobs mode other than `processed_logprobs` (e.g. for a debug run)."""
-    allow_truncated_sampling: bool = False
-    """Accept top-p / top-k requests (only with a correction configured for them)."""
     weights_dir: str | None = None
     """Folder the weights go through with the `file` transfer. The local engine: None makes
     a private folder in /dev/shm, removed on close. A server: a folder it reads at the same

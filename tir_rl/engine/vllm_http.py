@@ -49,7 +49,6 @@ from tir_rl.engine.base import (
     GenerateResult,
     ModelInfo,
     SingleEngine,
-    check_truncated_sampling,
     truncate_at_stop_sequence,
 )
 from tir_rl.engine.sampler_settings import SamplerSettings
@@ -208,7 +207,6 @@ class VLLMHttpEngine(SingleEngine):
             EngineError: the server rejected or failed this request, or is unreachable.
         """
         request.validate()
-        check_truncated_sampling(request, allowed=self.config.allow_truncated_sampling)
         if not request.read_prefix_cache:
             raise ConfigError(
                 "read_prefix_cache=False: a vllm serve server has no per-request switch for "
@@ -226,6 +224,7 @@ class VLLMHttpEngine(SingleEngine):
                 temperature=request.temperature,
                 top_p=request.top_p,
                 top_k=request.top_k or 0,
+                min_p=request.min_p,
                 seed=request.seed,
                 stop_token_ids=list(request.stop_token_ids),
                 logprobs=0,

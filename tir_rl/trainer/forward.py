@@ -6,7 +6,7 @@ setting that changes the training forward (compute dtype, kernels, packing) chan
 they measure too. Per micro-batch: the packed layout (a shared-prefix layout reaches every
 attention layer), autocast to the compute dtype on one rank, lm_head only at the positions
 whose logprob is used (`logits_to_keep`), then `token_stats` (log_softmax in float32 at the
-sampler's temperature).
+sampler's temperature, over the sampler's kept set when it truncates: min-p, top-k, top-p).
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import torch
 from torch import nn
 
 from tir_rl import distributed as tdist
+from tir_rl.engine.truncation import SamplingTruncation
 from tir_rl.trainer.batch import MicroBatch, Packing, TrainBatch
 from tir_rl.trainer.packing import plan_micro_batches
-from tir_rl.trainer.token_stats import score_only, token_stats
+from tir_rl.trainer.token_stats import TokenStats, score_only, token_stats
 
 
 class TrainerForward:
@@ -35,8 +36,12 @@ class TrainerForward:
         temperature: float,
         micro_batch_tokens: int,
         packing: Packing,
+        truncation: SamplingTruncation | None = None,
     ) -> None:
         self.device = device
+        self.truncation = truncation if truncation is not None and truncation.active else None
+        """The sampler's min-p, top-k and top-p, replayed on every scored position (None:
+        the sampler draws from the whole vocabulary)."""
         self.compute_dtype = compute_dtype
         self.sharded = sharded
         self.temperature = temperature
@@ -53,13 +58,20 @@ class TrainerForward:
         return [*micro_batches, *([None] * (num - len(micro_batches)))]
 
     def token_stats(
-        self, model: nn.Module, mb: MicroBatch, *, entropy: bool, temperature: float | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """[n] token logprobs under `model` (grad if enabled) and, if asked, [n] entropies.
+        self,
+        model: nn.Module,
+        mb: MicroBatch,
+        *,
+        entropy: bool,
+        temperature: float | None = None,
+        replay: bool = True,
+    ) -> TokenStats:
+        """Token logprobs under `model` (grad if enabled), entropies, kept-set misses.
 
         `model` is the policy or the reference: both run the same code, so the reference gets
-        the policy's layout, temperature and compute dtype. `temperature` overrides the
-        sampler's (the parity probe scores at 1, as the engine's prompt logprobs are).
+        the policy's layout, temperature, compute dtype and kept sets. `temperature` overrides
+        the sampler's and `replay=False` scores the whole vocabulary (the parity probe scores
+        prompt logprobs at 1, as the engine does).
         """
         keep = torch.unique(mb.pred_pos)  # sorted; the decoder hands lm_head these columns
         column = torch.searchsorted(keep, mb.pred_pos)
@@ -77,16 +89,21 @@ class TrainerForward:
                 **layout,
             )
         logits = output.logits.squeeze(0)  # [n, V], one row per token, in the micro-batch's order
-        token_logprobs, _, token_entropy = token_stats(
+        return token_stats(
             logits,
             mb.targets.to(self.device),
             temperature=self.temperature if temperature is None else temperature,
             entropy=entropy,
+            truncation=self.truncation if replay else None,
         )
-        return token_logprobs, token_entropy
 
     def score(
-        self, batch: TrainBatch, model: nn.Module, *, temperature: float | None = None
+        self,
+        batch: TrainBatch,
+        model: nn.Module,
+        *,
+        temperature: float | None = None,
+        replay: bool = True,
     ) -> torch.Tensor:
         """[B, T] float32 CPU logprobs of `batch` under `model` (grad mode as the caller's)."""
         out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32)
@@ -94,8 +111,10 @@ class TrainerForward:
             if mb is None:
                 self.empty_pass(model, backward=False)
                 continue
-            stats = self.token_stats(model, mb, entropy=False, temperature=temperature)
-            logprobs = stats[0].float().cpu()
+            stats = self.token_stats(
+                model, mb, entropy=False, temperature=temperature, replay=replay
+            )
+            logprobs = stats.logprobs.float().cpu()
             out[mb.seq_indices[mb.dest_seq], mb.dest_tok] = logprobs
         return out
 
@@ -108,7 +127,8 @@ class TrainerForward:
         The parity probe's and `tir-rl doctor`'s trainer side: the training forward on one
         sequence (every rank must call it when sharded). The caller sets eval mode.
         """
-        return self.score(TrainBatch.of_sequence(token_ids), model, temperature=temperature)[0]
+        batch = TrainBatch.of_sequence(token_ids)
+        return self.score(batch, model, temperature=temperature, replay=False)[0]
 
     def autocast(self) -> contextlib.AbstractContextManager[object]:
         """Run the forward in the compute dtype over float32 parameters (one rank only).

@@ -18,8 +18,17 @@ implementation, on one rank (a sequence's gradient under FSDP2 would be summed o
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+
+from tir_rl import distributed as tdist
+
+if TYPE_CHECKING:
+    from tir_rl.mismatch import MismatchCorrection
+    from tir_rl.trainer.batch import TrainBatch
+    from tir_rl.trainer.forward import TrainerForward
 
 _EPS = 1e-8
 """VCPO's guard of the weighted mean and of a tied group's standard deviation."""
@@ -55,3 +64,45 @@ def optimal_baseline_advantages(
     centered = r - baseline
     advantages = torch.where(std > _EPS, centered / std, centered)
     return advantages, baseline
+
+
+def sequence_gradient_norms(
+    batch: TrainBatch,
+    forward: TrainerForward,
+    model: nn.Module,
+    correction: MismatchCorrection,
+    device: torch.device,
+) -> tuple[Tensor, Tensor]:
+    """([B] ‖g_i‖, [B] log w_i): each sequence's weighted score gradient norm, one backward each.
+
+    g_i = Σ_t w̃_t ∇ℓ^θ_t with w̃ the correction's weights of the sequence alone (by the training
+    forward); log w_i = Σ_t (ℓ^θ_t − ℓ^μ_t) over its model tokens. Leaves gradients in `model`:
+    the caller clears them.
+    """
+    norms, log_ratios = [], []
+    for i in range(batch.num_sequences):
+        one = batch.select([i])
+        model.zero_grad(set_to_none=True)
+        sampler, mask = one.sampler_logprobs.to(device), one.loss_mask.to(device)
+        log_ratio = 0.0
+        for mb in forward.plan(one):
+            mb = mb.select_tokens(mb.token_mask(one.loss_mask))
+            token_logprobs = forward.token_stats(model, mb, entropy=False).logprobs
+            theta = torch.zeros(sampler.shape, device=device, dtype=torch.float32)
+            theta = theta.index_put((mb.dest_seq.to(device), mb.dest_tok.to(device)),
+                                    token_logprobs)  # fmt: skip
+            fixed = correction(theta.detach(), sampler, mask, one.turn_ids.to(device))
+            (-(fixed.weights * theta).sum()).backward()
+            delta = torch.where(mask, theta.detach() - sampler, torch.zeros_like(theta))
+            log_ratio += float(delta.sum())
+        log_ratios.append(log_ratio)
+        norms.append(float(tdist.grad_norm(model.parameters())))
+    return torch.tensor(norms), torch.tensor(log_ratios)
+
+
+def baseline_gap(batch: TrainBatch, baseline: Tensor) -> float:
+    """Mean |b − the group's mean reward| over the batch's sequences."""
+    _, group = torch.unique(batch.group_ids, return_inverse=True)
+    means = torch.zeros(int(group.max()) + 1).index_add(0, group, batch.rewards.float())
+    means = means / torch.bincount(group).float()
+    return float((baseline - means[group].double()).abs().mean())

@@ -183,7 +183,8 @@ class UpdatePass:
     logprobs: torch.Tensor
     """[B, T] float32 CPU, detached ℓ^θ of the model tokens (loss mask 1); 0 elsewhere."""
     sums: torch.Tensor
-    """[2] float64 on the device: unnormalized loss sum, entropy sum over model tokens."""
+    """[3] float64 on the device: unnormalized loss sum, entropy sum over model tokens, and
+    the model tokens outside the replayed kept set."""
     metric_rows: list[torch.Tensor]
     """Per micro-batch, on the device: [1 + len(LOSS_METRICS)], its loss-token count first."""
     corrected: CorrectionResult | None

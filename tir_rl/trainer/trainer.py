@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from tir_rl import distributed as tdist
+from tir_rl.engine.truncation import SamplingTruncation
 from tir_rl.errors import ConfigError
 from tir_rl.metric import Metric
 from tir_rl.mismatch import (
@@ -58,7 +59,11 @@ from tir_rl.trainer.forward import TrainerForward
 from tir_rl.trainer.loss.base import LOSS_TOKENS, PolicyLoss
 from tir_rl.trainer.loss.grpo import GRPOLoss
 from tir_rl.trainer.lr_schedule import lr_factor
-from tir_rl.trainer.optimal_baseline import optimal_baseline_advantages
+from tir_rl.trainer.optimal_baseline import (
+    baseline_gap,
+    optimal_baseline_advantages,
+    sequence_gradient_norms,
+)
 from tir_rl.trainer.optimizer import build_adamw, clip_gradients, seed_everything
 from tir_rl.trainer.prefix_attention import register_prefix_attention
 from tir_rl.trainer.reference import ReferencePolicy, load_reference
@@ -91,6 +96,7 @@ class Trainer:
         *,
         loss_fn: PolicyLoss | None = None,
         correction_config: MismatchCorrection.Config | None = None,
+        truncation: SamplingTruncation | None = None,
     ) -> None:
         """Load the model, shard it when a multi-rank process group exists, build AdamW.
 
@@ -98,6 +104,8 @@ class Trainer:
             config: trainer settings.
             loss_fn: the policy loss; defaults to `GRPOLoss()` with its default config.
             correction_config: mismatch correction; defaults to metrics only (no correction).
+            truncation: the sampler's min-p, top-k and top-p (a run's rollout section): every
+                logprob the trainer computes is normalized over the kept set they leave.
         """
         from transformers import AutoModelForCausalLM
 
@@ -172,6 +180,7 @@ class Trainer:
             temperature=self.config.temperature,
             micro_batch_tokens=self.config.micro_batch_tokens,
             packing=self.config.packing,
+            truncation=truncation,
         )
         """The one forward the trainer scores tokens with (`tir_rl.trainer.forward`)."""
         self.reference: ReferencePolicy | None = None
@@ -389,7 +398,7 @@ class Trainer:
         weight_sums = sequence_weight_sums(old_logprobs, batch.sampler_logprobs, batch.loss_mask)
         counted = torch.tensor([float(c) for c in counts], dtype=torch.float64)
         local_figures = torch.cat([counted, update.sums.cpu(), weight_sums])
-        *global_counts, loss_sum, entropy_sum, sum_w, sum_w2, num_weighted = (
+        *global_counts, loss_sum, entropy_sum, outside, sum_w, sum_w2, num_weighted = (
             tdist.all_reduce_tensor(local_figures).tolist()
         )
         num_tokens, num_sequences, num_model_tokens, num_computed = map(int, global_counts)
@@ -410,6 +419,7 @@ class Trainer:
             {
                 ESS_KEY: ess,
                 "train/entropy": entropy_sum / num_model_tokens if num_model_tokens else 0.0,
+                "mismatch/outside_kept_set": outside / max(num_model_tokens, 1),
                 "train/num_loss_tokens": float(num_tokens),
                 "train/num_loss_sequences": float(num_sequences),
                 "train/num_masked_by_correction": float(num_masked),
@@ -485,7 +495,8 @@ class Trainer:
             on_device["weights"] = presplit.weights.detach().float().to(dev)
             on_device["mask"] = presplit.loss_mask.to(dev)
         logprobs = torch.zeros(batch.completion_ids.shape, dtype=torch.float32, device=dev)
-        sums = torch.zeros(2, dtype=torch.float64, device=dev)  # loss, entropy of mask-1 tokens
+        # loss, entropy and outside-the-kept-set count of the model tokens
+        sums = torch.zeros(3, dtype=torch.float64, device=dev)
         rows: list[torch.Tensor] = []
         parts: list[tuple[torch.Tensor, CorrectionResult]] = []
         for mb in self.forward.matched(self.forward.plan(batch)):
@@ -503,10 +514,11 @@ class Trainer:
             ref = None
             if self.reference is not None:
                 with torch.no_grad(), self.reference.forward_model() as reference:
-                    ref_tokens = self.forward.token_stats(reference, mb, entropy=False)[0]
+                    ref_tokens = self.forward.token_stats(reference, mb, entropy=False).logprobs
                 ref = torch.zeros(len(mb.seq_indices), width, device=dev, dtype=torch.float32)
                 ref = ref.index_put(dest, ref_tokens)  # [b, width]
-            token_logprobs, entropy = self.forward.token_stats(self.model, mb, entropy=True)
+            stats = self.forward.token_stats(self.model, mb, entropy=True)
+            token_logprobs, entropy = stats.logprobs, stats.entropy
             assert entropy is not None
             theta = torch.zeros(len(mb.seq_indices), width, device=dev, dtype=torch.float32)
             theta = theta.index_put(dest, token_logprobs)  # [b, width], carries grad
@@ -532,7 +544,9 @@ class Trainer:
                 num_global_sequences=1,
             )
             loss.backward()
-            sums += torch.stack([loss.detach().double(), entropy.sum().double()])
+            sums += torch.stack(
+                [loss.detach().double(), entropy.sum().double(), stats.outside.sum().double()]
+            )
             weight = (mask > 0).sum().float().reshape(1)
             rows.append(torch.cat([weight, loss_metrics.values.float()]))
         corrected = None
@@ -547,31 +561,14 @@ class Trainer:
         mean reward (`train/opob_baseline_gap`).
         """
         self.model.train()
-        norms, log_ratios = [], []
-        for i in range(batch.num_sequences):
-            one = batch.select([i])
-            self.optimizer.zero_grad(set_to_none=True)
-            sampler, mask = one.sampler_logprobs.to(self.device), one.loss_mask.to(self.device)
-            for mb in self.forward.plan(one):
-                mb = mb.select_tokens(mb.token_mask(one.loss_mask))
-                token_logprobs, _ = self.forward.token_stats(self.model, mb, entropy=False)
-                theta = torch.zeros(sampler.shape, device=self.device, dtype=torch.float32)
-                theta = theta.index_put((mb.dest_seq.to(self.device), mb.dest_tok.to(self.device)),
-                                        token_logprobs)  # fmt: skip
-                fixed = self.correction(theta.detach(), sampler, mask, one.turn_ids.to(self.device))
-                (-(fixed.weights * theta).sum()).backward()
-                delta = torch.where(mask, theta.detach() - sampler, torch.zeros_like(theta))
-                log_ratios.append(float(delta.sum()))
-            norms.append(float(tdist.grad_norm(self.model.parameters())))
+        norms, log_ratios = sequence_gradient_norms(
+            batch, self.forward, self.model, self.correction, self.device
+        )
         self.optimizer.zero_grad(set_to_none=True)
         advantages, baseline = optimal_baseline_advantages(
-            batch.rewards, batch.group_ids, torch.tensor(norms), torch.tensor(log_ratios)
+            batch.rewards, batch.group_ids, norms, log_ratios
         )
-        _, group = torch.unique(batch.group_ids, return_inverse=True)
-        means = torch.zeros(int(group.max()) + 1).index_add(0, group, batch.rewards.float())
-        means = means / torch.bincount(group).float()
-        gap = float((baseline - means[group].double()).abs().mean())
-        return advantages.float(), {"train/opob_baseline_gap": gap}
+        return advantages.float(), {"train/opob_baseline_gap": baseline_gap(batch, baseline)}
 
     def _clip(self, grad_norm: float) -> None:
         clip_gradients(self.model.parameters(), self.config.max_grad_norm, grad_norm)

@@ -176,13 +176,6 @@ def test_a_block_size_the_cpu_attention_cannot_take_is_refused_before_start(tiny
         VLLMLocalEngine(config)
 
 
-def test_top_p_is_refused_unless_allowed(engine):
-    with pytest.raises(ConfigError, match="allow_truncated_sampling"):
-        run(engine.generate(request(top_p=0.9)))
-    with pytest.raises(ConfigError, match="allow_truncated_sampling"):
-        run(engine.generate(request(top_k=5)))
-
-
 def test_update_weights_changes_outputs_and_parity_follows_the_weights(
     engine, hf_model, probe_ids, perturbed_model
 ):

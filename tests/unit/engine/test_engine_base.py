@@ -9,7 +9,6 @@ from tir_rl.engine.base import (
     GenerateRequest,
     ModelInfo,
     StopSequenceMatcher,
-    check_truncated_sampling,
     truncate_at_stop_sequence,
 )
 from tir_rl.engine.parity import probe_parity
@@ -51,20 +50,14 @@ def test_no_stop_sequence_leaves_output_untouched():
         {"temperature": 0.0},
         {"top_p": 0.0},
         {"top_k": 0},
+        {"min_p": 1.0},
+        {"min_p": -0.1},
         {"stop_token_sequences": [[]]},
     ],
 )
 def test_invalid_requests_are_config_errors(kwargs):
     with pytest.raises(ConfigError):
         GenerateRequest(**{"prompt_token_ids": [1], "max_tokens": 4, **kwargs}).validate()
-
-
-def test_truncated_sampling_is_refused_unless_allowed():
-    request = GenerateRequest(prompt_token_ids=[1], max_tokens=4, top_p=0.9)
-    with pytest.raises(ConfigError, match="allow_truncated_sampling"):
-        check_truncated_sampling(request, allowed=False)
-    check_truncated_sampling(request, allowed=True)
-    check_truncated_sampling(GenerateRequest(prompt_token_ids=[1], max_tokens=4), allowed=False)
 
 
 def test_local_engine_config_refuses_raw_logprobs_unless_allowed():
