@@ -75,6 +75,7 @@ def emit_job(run_root: Path, env: dict[str, str], steps: int, trainer_nodes: int
         "run.group_size=2",
         "run.eval_tasks=2",
         "run.checkpoint_every=1",
+        "run.plot_every=0",
         "rollout.max_tokens_per_turn=24",
     ]
     (run_root / "slurm_fake_env.py").write_text(FAKE_ENV)

@@ -43,6 +43,7 @@ TINY = (
     "engine.kv_cache_gib=0.25",
     "rollout.max_tokens_per_turn=24",
     "rollout.max_turns=4",
+    "run.plot_every=0",
 )
 
 

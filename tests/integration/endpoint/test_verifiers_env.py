@@ -290,6 +290,7 @@ def trained(ledger_model, tmp_path_factory):
             f"run.out_dir={folder}",
             "run.name=verifiers",
             "run.steps=3",
+            "run.plot_every=0",
             "run.tasks_per_step=2",
             "run.group_size=4",
             "run.save_trajectories=8",

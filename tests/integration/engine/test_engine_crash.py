@@ -22,7 +22,7 @@ TIR_RL = str(Path(sys.executable).parent / "tir-rl")
 CONFIG = """\
 model: tiny
 run: {name: crash, steps: 3, tasks_per_step: 2, group_size: 2, eval_tasks: 1,
-      checkpoint_every: 1, max_staleness: 2}
+      checkpoint_every: 1, max_staleness: 2, plot_every: 0}
 env: {id: tir_rl/MultiHop-v0, kwargs: {horizon: 2}}
 engine: {kv_cache_gib: 0.25}
 rollout: {max_turns: 2, max_tokens_per_turn: 24, end_on_truncated_turn: false}

@@ -66,6 +66,7 @@ BASE_OVERRIDES = [
     "run.steps=2",
     "run.eval_tasks=2",
     "run.checkpoint_every=0",
+    "run.plot_every=0",
     "env.id=tests/FakeParityRewardFsdp-v0",
     "rollout.max_turns=2",
     "rollout.max_tokens_per_turn=24",

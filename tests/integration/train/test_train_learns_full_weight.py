@@ -28,7 +28,7 @@ def train_trained_lab_model(
     tmp_path: Path, *overrides: str
 ) -> tuple[RunConfig, TrainSummary, list[float]]:
     """`make train`'s run with `overrides`: its config, summary and training reward per step."""
-    sets = [f"run.out_dir={tmp_path}", "run.save_trajectories=0", *overrides]
+    sets = [f"run.out_dir={tmp_path}", "run.save_trajectories=0", "run.plot_every=0", *overrides]
     config = load(RunConfig, CONFIG, sets)
     summary = run_train(config)
     rows = read_metrics(summary.run_dir)

@@ -40,6 +40,7 @@ def _config(tmp_path: Path) -> Path:
             "group_size": 4,
             "eval_tasks": 1,
             "checkpoint_every": 0,
+            "plot_every": 0,
         },
         # the tests' fake-reward env (rewards every other episode), imported by the trainer
         "env": {"id": "test_train_tiny:FakeParityRewardEnv", "kwargs": {"horizon": 2}},

@@ -82,6 +82,7 @@ def tiny_config(out_dir, *extra, env_id=FAKE_ENV_ID, engine=LOCAL_ENGINE):
             *engine,
             "trainer.lr=1e-3",
             "correction_preset=geo_rs_token_tis",
+            "run.plot_every=0",  # drawing the plots is most of a tiny step; two tests read them
             *extra,
         ],
     )
@@ -91,7 +92,7 @@ def tiny_config(out_dir, *extra, env_id=FAKE_ENV_ID, engine=LOCAL_ENGINE):
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
     # Without an injection the run's sampler is the clean one: its evaluations count twice.
-    summary = run_train(tiny_config(out, "run.eval_clean_sampler=true"))
+    summary = run_train(tiny_config(out, "run.eval_clean_sampler=true", "run.plot_every=1"))
     return summary
 
 
@@ -227,7 +228,9 @@ def test_wandb_offline_gets_the_config_rows_and_plots_and_resume_keeps_its_run(
     for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
         monkeypatch.setenv(name, str(tmp_path / name.lower()))
     monkeypatch.setenv("WANDB_SILENT", "true")
-    wandb_settings = ("run.loggers=[jsonl,wandb]", "wandb.mode=offline", "wandb.tags=[tiny]")
+    wandb_settings = (
+        "run.loggers=[jsonl,wandb]", "wandb.mode=offline", "wandb.tags=[tiny]", "run.plot_every=1"
+    )
     config = tiny_config(
         tmp_path, "run.steps=1", "run.eval_tasks=1", *wandb_settings, env_id="tir_rl/MultiHop-v0"
     )
