@@ -146,6 +146,11 @@ def measured_finding(metrics: dict[str, float], num_episodes: int) -> Finding:
     return Finding("sampler vs trainer logprobs", Verdict.PASS, detail)
 
 
+def _replayed(config: RunConfig) -> SamplingTruncation | None:
+    """The kept set the run's trainer replays (None: the whole vocabulary)."""
+    return config.rollout.truncation if config.trainer.replay_kept_set else None
+
+
 def truncation_finding(
     replayed: torch.Tensor,
     unreplayed: torch.Tensor,
@@ -218,7 +223,7 @@ def run_doctor(config: RunConfig, *, num_episodes: int = 4) -> list[Finding]:
         model_config = json.loads((runtime.model_path / "config.json").read_text())
         tied = model_config.get("tie_word_embeddings")
         findings += static_findings(config, tie_word_embeddings=tied)
-        trainer = Trainer(config.trainer, truncation=config.rollout.truncation)
+        trainer = Trainer(config.trainer, truncation=_replayed(config))
         if injection.transforms_weights:  # the sampler gets what training would send it
             state = trainer.rank0_full_state_dict()  # merged weights under LoRA
             sent = injection.sampler_state(state, 0, force=True)
@@ -314,7 +319,7 @@ def run_localize(config: RunConfig) -> Localization:
     injection = MismatchInjection(config.inject)
     with open_runtime(config) as runtime:
         engine = cast(VLLMLocalEngine, runtime.engine.inner)  # engine.kind local
-        trainer = Trainer(config.trainer, truncation=config.rollout.truncation)
+        trainer = Trainer(config.trainer, truncation=_replayed(config))
         model = trainer.model.merge_and_unload() if trainer.lora_enabled else trainer.model
         state = trainer.rank0_full_state_dict()
         if injection.transforms_weights:

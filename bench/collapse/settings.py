@@ -352,6 +352,21 @@ optimizer step per batch their ratio to the recompute is exactly 1 and they woul
 plain policy gradient. None: the cause's mode with no correction."""
 
 
+def truncation_suite() -> list[Setting]:
+    """make train's setting sampling the whole vocabulary, and at top_p 0.9 with the trainer
+    replaying the kept set and without (docs/mismatch.md, truncated sampling)."""
+    top_p = "rollout.top_p=0.9"
+    return [
+        Setting("top_p_1", (), "make train's setting, top_p 1"),
+        Setting("top_p_0.9_replay", (top_p,), "top_p 0.9, the kept set replayed"),
+        Setting(
+            "top_p_0.9_no_replay",
+            (top_p, "trainer.replay_kept_set=false"),
+            "top_p 0.9, the trainer scoring the whole vocabulary (the biased ratio)",
+        ),
+    ]
+
+
 def stabilizers_suite(cause: str) -> list[Setting]:
     """Every arm of the head-to-head under one cause (`STABILIZER_CAUSES`)."""
     if cause not in STABILIZER_CAUSES:
@@ -431,6 +446,8 @@ def suite(name: str, mismatch: str = "noise", noise_std: float | None = None) ->
         return breaking_point_suite()
     if name == "sft_long":
         return sft_long_suite()
+    if name == "truncation":
+        return truncation_suite()
     if name.startswith("stabilizers_"):
         return stabilizers_suite(name.removeprefix("stabilizers_"))
     raise SystemExit(

@@ -265,7 +265,7 @@ class _TrainLoop:
             config.trainer,
             loss_fn=build_policy_loss(config.loss),
             correction_config=config.correction,
-            truncation=config.rollout.truncation,
+            truncation=config.rollout.truncation if config.trainer.replay_kept_set else None,
         )
         self.guard = CollapseGuard(config.guard, run_dir=self.run_dir)
         self.update = Update(self.trainer, self.guard)

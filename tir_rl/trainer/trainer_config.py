@@ -104,6 +104,11 @@ class TrainerConfig:
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     """LoRA adapters (`peft`, the `tir-rl[lora]` extra): only the adapters train, and the
     engine gets the merged weights. Off unless `trainer.lora.enabled`."""
+    replay_kept_set: bool = True
+    """With truncated sampling (`rollout.top_p`, `top_k`, `min_p`), normalize the trainer's
+    logprobs over the kept set the sampler drew from, replayed from the trainer's logits.
+    false scores the whole vocabulary, so that every ratio carries the position's kept mass:
+    a control for measuring that bias (bench/truncated_sampling.py), not a way to train."""
     optimal_baseline: bool = False
     """VCPO's off-policy optimal baseline: each group's advantages (R − b)/σ with b the group's
     rewards weighted by ‖g_i‖²·w_i² (`tir_rl.trainer.optimal_baseline`) instead of the
