@@ -37,7 +37,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 TRL_PYTHON = REPO / ".venv-trl" / "bin" / "python"
 TRL_SCRIPT = REPO / "bench" / "peer" / "trl_grpo.py"
-SEED_STRIDE = 1_000_003  # tir_rl/rl_loop/rank0.py: task seeds of step s are seed*STRIDE + s*B + i
+from tir_rl.rl_loop.step_plan import task_seed  # noqa: E402 (the task stream tir-rl trains on)
+
 ENV_ID = "tir_rl/MultiHop-v0"
 TIR_MISMATCH_KEYS = (
     "mismatch/k3_kl",
@@ -101,7 +102,7 @@ def dump_tasks(shape: Shape, path: Path) -> int:
     env = make()
     rows = []
     for step in range(shape.total_steps):
-        base = shape.seed * SEED_STRIDE + step * shape.tasks_per_step
+        base = task_seed(shape.seed, step * shape.tasks_per_step)
         for i in range(shape.tasks_per_step):
             messages, info = env.reset(seed=base + i)
             kb = env.kb

@@ -271,13 +271,6 @@ def broadcast_object(obj: object, src: int = 0) -> object:
     return box[0]
 
 
-def broadcast_tensor(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
-    """Overwrite `tensor` in place on every rank with rank `src`'s values."""
-    if is_initialized():
-        dist.broadcast(tensor, src=src)
-    return tensor
-
-
 def grad_norm(parameters: Iterable[nn.Parameter]) -> torch.Tensor:
     """Global L2 norm of the gradients of (possibly sharded) parameters, identical on all ranks.
 

@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from tir_rl.chat.tokens import Tokenizer
     from tir_rl.envs.agent_env import AgentEnv
     from tir_rl.rollout import EpisodeSpec, Rollout
-    from tir_rl.rollout.agent_server import AgentServer
     from tir_rl.rollout.episode import EnvFactory
 
 logger = logging.getLogger(__name__)
@@ -95,20 +94,11 @@ class Runtime:
     engine: MeteredEngine
     """The configured engine, measuring its busy time."""
     rollout: Rollout
-    agents: AgentServer
-    """The endpoint server `AgentEnv` agents talk to (started on the first agent episode)."""
+    """The agent loop; it owns the endpoint server `AgentEnv` agents talk to."""
 
     def run_episodes(self, specs: Sequence[EpisodeSpec]) -> list[Trajectory]:
         """Play `specs` concurrently and return their trajectories in order."""
         return asyncio.run(self.rollout.run_batch(list(specs)))
-
-    def close(self) -> None:
-        """Stop the agents' endpoint and workers, the engine and the sandbox pools."""
-        from tir_rl import sandbox
-
-        self.agents.close()
-        self.engine.close()
-        sandbox.shutdown()
 
 
 @contextlib.contextmanager
@@ -123,22 +113,18 @@ def open_runtime(config: RunConfig) -> Iterator[Runtime]:
     from tir_rl.engine.engine_config import build_engine
     from tir_rl.models import resolve_model
     from tir_rl.rollout import Rollout
-    from tir_rl.rollout.agent_server import AgentServer
 
     model_path = resolve_model(config.model)
     sandbox.configure(config.sandbox)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     engine = MeteredEngine(build_engine(config.engine, model_path))
-    # The agents' endpoint serves the rollout's chat endpoint; it starts on the first agent
-    # episode, after `rollout` is bound below.
-    agents = AgentServer(lambda: rollout.chat_endpoint(open_on_first_call=False))
+    rollout: Rollout | None = None
     try:
-        rollout = Rollout(
-            engine, tokenizer, config.rollout, chat_config=config.chat, agent_server=agents
-        )
-        yield Runtime(config, model_path, tokenizer, engine, rollout, agents)
+        rollout = Rollout(engine, tokenizer, config.rollout, chat_config=config.chat)
+        yield Runtime(config, model_path, tokenizer, engine, rollout)
     finally:
-        agents.close()
+        if rollout is not None:
+            rollout.close()  # the agents' endpoint and workers
         engine.close()
         sandbox.shutdown()
 
@@ -161,22 +147,15 @@ def task_specs(
         seed_of: maps a task's index to its reset seed; None: task `i` is
             `options={"task_index": i}` (a fixed, ordered held-out set).
     """
-    from tir_rl.rollout import EpisodeSpec
+    from tir_rl.rollout import group_specs
 
     specs = []
     for i in range(num_tasks):
         seed = seed_of(i) if seed_of is not None else None
         options = None if seed_of is not None else {"task_index": i}
-        for j in range(group_size):
-            specs.append(
-                EpisodeSpec(
-                    env_factory=factory,
-                    task_seed=seed,
-                    options=options,
-                    group_id=first_group_id + i,
-                    sample_index=j,
-                )
-            )
+        specs += group_specs(
+            factory, seed, group_size=group_size, group_id=first_group_id + i, options=options
+        )
     return specs
 
 

@@ -133,7 +133,7 @@ def test_held_admits_nothing_and_waits_for_the_groups_in_flight(tokenizer):
         release.set()
         holder.join(20)
         assert ("released hold",) in log.events
-        assert buffer.snapshot()[2] == 3  # all three played into the buffer
+        assert buffer.snapshot().num_finished == 3  # all three played into the buffer
     finally:
         release.set()
         producer.stop()
@@ -150,7 +150,8 @@ def test_stop_cancels_the_groups_in_flight_and_closes_their_envs(tokenizer):
     release.set()
     wait_until(lambda: sum(active) == 0)  # every env was closed
     assert max_active(active) == 2
-    next_index, pending, finished, _ = buffer.snapshot()
+    snap = buffer.snapshot()
+    next_index, pending, finished = snap.next_index, snap.pending, snap.num_finished
     assert finished == 0 and pending == [0, 1]  # replayed by a resumed run
     assert next_index == 2
 
@@ -170,7 +171,7 @@ def test_drop_cancels_a_late_group_and_admits_a_new_task(tokenizer):
         assert [t.index for t in taken.dropped] == [0]
         # Task 2 replaces the dropped group, due at step 1. Let it finish before the clock
         # admits task 3 (due 2), which would otherwise race it to be step 1's first group.
-        wait_until(lambda: buffer.snapshot()[2] == 1)
+        wait_until(lambda: buffer.snapshot().num_finished == 1)
         buffer.advance_clock(1)
         assert [g.ticket.index for g in buffer.take().groups] == [2]
     finally:

@@ -306,3 +306,25 @@ def _check_env_messages(messages: Sequence[Message]) -> None:
                 "assistant turns are sampled, not appended: pass only tool, user or system "
                 "messages to Conversation.append_messages"
             )
+
+
+class ChatFormats:
+    """One tokenizer's chat formats, one per distinct tool set, each built once.
+
+    The agent loop and the chat endpoint it serves share one, so both render a tool set's
+    prompt with the same format object.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, config: ChatFormat.Config) -> None:
+        self.tokenizer = tokenizer
+        self.config = config
+        self._built: dict[str, ChatFormat] = {}
+
+    def for_tools(self, tool_schemas: Sequence[dict[str, Any]]) -> ChatFormat:
+        """The chat format showing `tool_schemas`."""
+        key = json.dumps(list(tool_schemas), sort_keys=True, default=str)
+        fmt = self._built.get(key)
+        if fmt is None:
+            fmt = ChatFormat(self.tokenizer, tool_schemas=tool_schemas, config=self.config)
+            self._built[key] = fmt
+        return fmt

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tir_rl.chat import ChatFormat
+from tir_rl.chat.format import ChatFormats
 from tir_rl.endpoint.openai_chat import (
     ChatRequest,
     RequestedTruncation,
@@ -101,6 +101,7 @@ class ChatEndpoint:
         chat_config: ChatFormat.Config | None = None,
         config: EndpointConfig | None = None,
         recorder: CallRecorder | None = None,
+        formats: ChatFormats | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -108,7 +109,8 @@ class ChatEndpoint:
         self.config = config or EndpointConfig()
         self.config.validate()
         self.recorder = recorder or CallRecorder()
-        self._formats: dict[str, ChatFormat] = {}
+        self.formats = formats or ChatFormats(tokenizer, self.chat_config)
+        """The chat formats per tool set (shared with the agent loop that serves this)."""
         self.chat_format(())  # refuse a tokenizer the chat format cannot carry now, not per call
 
     @property
@@ -135,12 +137,7 @@ class ChatEndpoint:
 
     def chat_format(self, tool_schemas: Sequence[dict[str, Any]]) -> ChatFormat:
         """The chat format showing `tool_schemas` (built once per distinct tool set)."""
-        key = json.dumps(list(tool_schemas), sort_keys=True)
-        if key not in self._formats:
-            self._formats[key] = ChatFormat(
-                self.tokenizer, tool_schemas=tool_schemas, config=self.chat_config
-            )
-        return self._formats[key]
+        return self.formats.for_tools(tool_schemas)
 
     async def complete(self, episode_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """The chat-completion response to `body`, recorded under `episode_id`.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -95,3 +95,12 @@ def step_row(outcome: StepOutcome) -> dict[str, float]:
         row["sync/parity_max_abs_diff"] = outcome.parity.max_abs_diff
         row["sync/parity_mean_abs_diff"] = outcome.parity.mean_abs_diff
     return row
+
+
+def progress_fields(row: Mapping[str, float]) -> dict[str, str]:
+    """The progress bar's fields, read from a step's row where its columns are named."""
+    return {
+        "reward": f"{row.get('rollout/reward_mean', float('nan')):.3f}",
+        "kl": f"{row.get('mismatch/kl', float('nan')):.1e}",
+        "tok_s": f"{row.get('perf/rollout_tokens_per_s', float('nan')):.0f}",
+    }

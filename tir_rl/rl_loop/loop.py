@@ -64,7 +64,7 @@ from tir_rl.cpu_cores import available_cores, restored_affinity
 from tir_rl.errors import ConfigError, ParityError, RankLostError, TirError
 from tir_rl.mismatch.injection import MismatchInjection
 from tir_rl.report.eval_stats import bootstrap_paired_change
-from tir_rl.report.step_metrics import StepOutcome
+from tir_rl.report.step_metrics import StepOutcome, progress_fields
 from tir_rl.rl_loop.rank0 import DataPosition, Rank0Driver
 from tir_rl.rl_loop.step_plan import StepPlan
 from tir_rl.rl_loop.update import StepWork, Update
@@ -343,11 +343,7 @@ class _TrainLoop:
                 termination.raise_if_terminated()
                 row, stop = self._step(step)
                 if bar is not None:
-                    bar.set_postfix(
-                        reward=f"{row['rollout/reward_mean']:.3f}",
-                        kl=f"{row.get('mismatch/kl', float('nan')):.1e}",
-                        tok_s=f"{row['perf/rollout_tokens_per_s']:.0f}",
-                    )
+                    bar.set_postfix(progress_fields(row))
                 done = step + 1
                 self.summary.train_time_s = time.perf_counter() - train_started - self._eval_s
                 out_of_time = self._out_of_time()

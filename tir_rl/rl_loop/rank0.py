@@ -20,7 +20,13 @@ from tir_rl.report.sequences import (
     sequence_records,
 )
 from tir_rl.report.step_metrics import StepOutcome, episode_row, step_row
-from tir_rl.rl_loop.step_plan import PlaceboDrop, StepPlan, placebo_generator, plan_step
+from tir_rl.rl_loop.step_plan import (
+    PlaceboDrop,
+    StepPlan,
+    placebo_generator,
+    plan_step,
+    task_seed,
+)
 from tir_rl.rl_loop.update import StepWork
 from tir_rl.rollout.buffer import AdmissionSchedule, GroupBuffer, TakenStep
 from tir_rl.rollout.producer import RolloutProducer
@@ -36,8 +42,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-SEED_STRIDE = 1_000_003
-"""Task seeds of run seed s start at s · SEED_STRIDE."""
 
 
 @dataclass
@@ -75,6 +79,35 @@ class DataPosition:
             )
         step = int(data if data is not None else fallback_step)
         return cls(step=step, next_group=step * groups_per_step, num_updates=step)
+
+
+class StepTiming:
+    """The wall time of each step and what the engine did in it, from one step's end to the next."""
+
+    def __init__(self, engine: MeteredEngine) -> None:
+        self.engine = engine
+        self.restart()
+
+    def restart(self) -> None:
+        """Count from now (the producer has just started)."""
+        self._last_end = time.perf_counter()
+        self._last_reading: ActivityReading = self.engine.reading()
+
+    def finish(self, *, train_s: float, trained_tokens: float) -> dict[str, float]:
+        """The `perf/` columns of the step ending now; the next step counts from here."""
+        now = time.perf_counter()
+        reading = self.engine.reading()
+        interval = max(now - self._last_end, 1e-9)
+        busy = reading.busy_s - self._last_reading.busy_s
+        sampled = reading.num_sampled_tokens - self._last_reading.num_sampled_tokens
+        self._last_end, self._last_reading = now, reading
+        return {
+            "perf/step_s": interval,
+            "perf/engine_busy_fraction": min(busy / interval, 1.0),
+            "perf/trainer_busy_fraction": min(train_s / interval, 1.0),
+            "perf/trained_tokens_per_s": trained_tokens / interval,
+            "perf/rollout_tokens_per_s": sampled / max(busy, 1e-9),
+        }
 
 
 class Rank0Driver:
@@ -118,8 +151,7 @@ class Rank0Driver:
         self._started = False
         self._unfinished: tuple[int, list[int]] = (-1, [])
         """The step taken last and its task indices, until the step is done."""
-        self._last_step_end = time.perf_counter()
-        self._last_reading: ActivityReading = self.engine.reading()
+        self.timing = StepTiming(self.engine)
 
     # ------------------------------------------------------------------ the task stream
 
@@ -130,7 +162,7 @@ class Rank0Driver:
         cfg = self.config.run
         return group_specs(
             self.train_env,
-            cfg.seed * SEED_STRIDE + index,
+            task_seed(cfg.seed, index),
             group_size=cfg.group_size,
             group_id=index,
         )
@@ -140,8 +172,7 @@ class Rank0Driver:
         if not self._started:
             self._started = True
             self.producer.start()
-            self._last_step_end = time.perf_counter()
-            self._last_reading = self.engine.reading()
+            self.timing.restart()
 
     def stop(self) -> None:
         """Stop the producer; a group in flight is replayed by a resumed run."""
@@ -153,7 +184,8 @@ class Rank0Driver:
         A step taken from the buffer but not done (interrupted before its update) gives its
         groups back to the pending list, so a resumed run trains on them.
         """
-        next_group, pending, _, _ = self.buffer.snapshot()
+        snapshot = self.buffer.snapshot()
+        next_group, pending = snapshot.next_index, snapshot.pending
         taken_step, taken = self._unfinished
         if taken_step >= steps_done:
             pending = sorted([*pending, *taken])
@@ -182,8 +214,10 @@ class Rank0Driver:
         )
         plan.row = {**row, **plan.row}
         if plan.batch is not None:
-            lags = token_lags(plan.batch.policy_versions, trained_version)
-            plan.row.update(staleness_metrics(lags, plan.batch.loss_mask, plan.batch.turn_ids))
+            plan.token_lags = token_lags(plan.batch.policy_versions, trained_version)
+            plan.row.update(
+                staleness_metrics(plan.token_lags, plan.batch.loss_mask, plan.batch.turn_ids)
+            )
         return plan, works
 
     def _refill_row(self, taken: TakenStep) -> dict[str, float]:
@@ -213,12 +247,12 @@ class Rank0Driver:
         return PlaceboDrop(p_failed, p_succeeded, generator)
 
     def _async_row(self, taken: TakenStep) -> dict[str, float]:
-        _, _, buffered, dropped_total = self.buffer.snapshot()
+        snapshot = self.buffer.snapshot()
         return {
             "perf/rollout_s": taken.wait_s,
             "async/dropped_groups": float(len(taken.dropped)),
-            "async/dropped_groups_total": float(dropped_total),
-            "async/buffered_groups": float(buffered),
+            "async/dropped_groups_total": float(snapshot.num_dropped),
+            "async/buffered_groups": float(snapshot.num_finished),
             "async/in_flight_groups": float(len(self.buffer.running())),
             "async/groups_due_later": float(
                 sum(group.ticket.due_step > taken.step for group in taken.groups)
@@ -238,39 +272,43 @@ class Rank0Driver:
         trained_version: int,
     ) -> dict[str, float]:
         """The step's metrics row, logged with sample trajectories and plots."""
+        row = self._step_row(plan, outcome)
+        steps_done = step + 1
+        self.metrics.log(steps_done, row)
+        self._write_step_outputs(steps_done, plan, outcome, trained_version)
+        return row
+
+    def _step_row(self, plan: StepPlan, outcome: StepOutcome) -> dict[str, float]:
+        """The one place a step's metrics row is assembled.
+
+        The plan's and the update's parts, the step's timing, mismatch by policy lag, and the
+        servers' health.
+        """
+        batch, logprobs = plan.batch, outcome.trainer_logprobs
+        trained_tokens = float(batch.loss_mask.sum()) if batch is not None else 0.0
+        row = step_row(outcome)
+        row.update(self.timing.finish(train_s=outcome.train_s, trained_tokens=trained_tokens))
+        if batch is not None and logprobs is not None and plan.token_lags is not None:
+            row.update(
+                mismatch_by_lag(logprobs, batch.sampler_logprobs, batch.loss_mask, plan.token_lags)
+            )
+        health = self.engine.servers_health()
+        if health is not None:
+            row["engine/servers_up"] = float(health.servers_up)
+            row["engine/failovers_total"] = float(health.failovers)
+        return row
+
+    def _write_step_outputs(
+        self, steps_done: int, plan: StepPlan, outcome: StepOutcome, trained_version: int
+    ) -> None:
+        """The step's files: episode errors, per-sequence records, sample trajectories, plots."""
         from tir_rl.report.run_log import (
             EPISODE_ERRORS_FILE,
             append_episode_errors,
             save_trajectories,
         )
 
-        now = time.perf_counter()
-        reading = self.engine.reading()
-        interval = max(now - self._last_step_end, 1e-9)
-        busy = reading.busy_s - self._last_reading.busy_s
-        sampled = reading.num_sampled_tokens - self._last_reading.num_sampled_tokens
-        self._last_step_end, self._last_reading = now, reading
-        row = step_row(outcome)
         batch, logprobs = plan.batch, outcome.trainer_logprobs
-        trained_tokens = float(batch.loss_mask.sum()) if batch is not None else 0.0
-        row.update(
-            {
-                "perf/step_s": interval,
-                "perf/engine_busy_fraction": min(busy / interval, 1.0),
-                "perf/trainer_busy_fraction": min(outcome.train_s / interval, 1.0),
-                "perf/trained_tokens_per_s": trained_tokens / interval,
-                "perf/rollout_tokens_per_s": sampled / max(busy, 1e-9),
-            }
-        )
-        if batch is not None and logprobs is not None:
-            lags = token_lags(batch.policy_versions, trained_version)
-            row.update(mismatch_by_lag(logprobs, batch.sampler_logprobs, batch.loss_mask, lags))
-        health = self.engine.servers_health()
-        if health is not None:
-            row["engine/servers_up"] = float(health.servers_up)
-            row["engine/failovers_total"] = float(health.failovers)
-        steps_done = step + 1
-        self.metrics.log(steps_done, row)
         append_episode_errors(self.run_dir / EPISODE_ERRORS_FILE, plan.trajectories, steps_done)
         cfg = self.config.run
         if cfg.save_sequences and batch is not None and logprobs is not None:
@@ -300,7 +338,6 @@ class Rank0Driver:
             )
         if cfg.plot_every and steps_done % cfg.plot_every == 0:
             self.plots(steps_done)
-        return row
 
     # ------------------------------------------------------------------ evaluation
 

@@ -29,6 +29,9 @@ class StepPlan:
     num_degenerate_groups: int
     advantages: torch.Tensor | None = None
     """[len(in_batch)] the batch's advantages; None when the step only scores it."""
+    token_lags: torch.Tensor | None = None
+    """[B, T] each token's policy lag behind the weights it is trained from (rank 0 sets it
+    when it takes the step; None without a batch)."""
 
 
 @dataclass(frozen=True)
@@ -47,9 +50,19 @@ class PlaceboDrop:
         return torch.rand(advantages.shape, generator=self.generator) >= p_drop
 
 
+SEED_STRIDE = 1_000_003
+"""A run seed's own range: the task seeds of run seed s start at s · SEED_STRIDE (task i has
+seed s · SEED_STRIDE + i), and so do its per-step placebo draws."""
+
+
+def task_seed(run_seed: int, index: int) -> int:
+    """The reset seed of task `index` of run seed `run_seed`'s task stream."""
+    return run_seed * SEED_STRIDE + index
+
+
 def placebo_generator(seed: int, step: int) -> torch.Generator:
     """A step's placebo draws: the same for the same seed and step, whatever ran before."""
-    return torch.Generator().manual_seed(seed * 1_000_003 + step)
+    return torch.Generator().manual_seed(task_seed(seed, step))
 
 
 def plan_step(

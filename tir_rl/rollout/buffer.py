@@ -270,6 +270,20 @@ class AdmissionSchedule:
         return self._next_index
 
 
+@dataclass(frozen=True)
+class BufferSnapshot:
+    """The buffer's state at one moment (`GroupBuffer.snapshot`)."""
+
+    next_index: int
+    """The next fresh task index."""
+    pending: list[int]
+    """Task indices admitted but not yet trained on (a checkpoint replays them)."""
+    num_finished: int
+    """Played groups waiting in the buffer."""
+    num_dropped: int
+    """Groups dropped so far (`LateGroups.DROP`)."""
+
+
 class GroupBuffer:
     """An `AdmissionSchedule` shared by the producer thread and the trainer.
 
@@ -345,8 +359,8 @@ class GroupBuffer:
         with self._cond:
             return self._schedule.running
 
-    def snapshot(self) -> tuple[int, list[int], int, int]:
-        """(next fresh index, pending task indices, finished groups, dropped so far)."""
+    def snapshot(self) -> BufferSnapshot:
+        """Where the buffer stands, read at once."""
         with self._cond:
             s = self._schedule
-            return s.next_index, s.pending_indices(), s.num_finished, s.num_dropped
+            return BufferSnapshot(s.next_index, s.pending_indices(), s.num_finished, s.num_dropped)

@@ -33,11 +33,11 @@ Usage::
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tir_rl.chat import ChatFormat, ChatFormatName
+from tir_rl.chat.format import ChatFormats
 from tir_rl.errors import ConfigError
 from tir_rl.rollout.agent_server import AgentServer
 from tir_rl.rollout.episode import (
@@ -66,9 +66,6 @@ class Rollout:
         chat_config: The chat format: its family (`auto`: detected from the tokenizer)
             and options (system prompt, tool block); the env's tool schemas are added per
             episode.
-        agent_server: The endpoint server `AgentEnv` agents talk to, owned and closed by the
-            caller (a run's runtime); None: the loop makes its own on the first agent
-            episode and closes it in `close`.
 
     Raises:
         ConfigError: A limit is invalid or exceeds the engine's context length.
@@ -84,7 +81,6 @@ class Rollout:
         config: Config | None = None,
         *,
         chat_config: ChatFormat.Config | None = None,
-        agent_server: AgentServer | None = None,
     ) -> None:
         self.config = config or Rollout.Config()
         self.config.validate()
@@ -100,12 +96,12 @@ class Rollout:
             )
         self.max_context_tokens: int = wanted or engine_len
         """The context limit in force (the config's, or the engine's)."""
-        self._formats: dict[str, ChatFormat] = {}
+        self.formats = ChatFormats(tokenizer, self.chat_config)
+        """The chat formats per tool set, shared with the agents' chat endpoint."""
         self._chat_endpoint: ChatEndpoint | None = None
-        self._owns_agent_server = agent_server is None
-        self._agent_server = agent_server or AgentServer(
-            lambda: self.chat_endpoint(open_on_first_call=False)
-        )
+        self._agent_server = AgentServer(lambda: self.chat_endpoint(open_on_first_call=False))
+        """The endpoint server `AgentEnv` agents talk to: started on the first agent episode,
+        closed with the loop (`close`)."""
         default_format = self.chat_format_for(())  # refuses an unsupported format up front
         self.stop_token_sequences: tuple[tuple[int, ...], ...] = ()
         """Multi-token stop sequences sent with every request."""
@@ -121,13 +117,8 @@ class Rollout:
             self.stop_token_sequences = (tuple(close_ids),)
 
     def chat_format_for(self, tool_schemas: Sequence[dict[str, Any]]) -> ChatFormat:
-        """The chat format showing these tool schemas (cached per distinct schema list)."""
-        key = json.dumps(list(tool_schemas), sort_keys=True, default=str)
-        fmt = self._formats.get(key)
-        if fmt is None:
-            fmt = ChatFormat(self.tokenizer, tool_schemas=tool_schemas, config=self.chat_config)
-            self._formats[key] = fmt
-        return fmt
+        """The chat format showing these tool schemas (built once per distinct tool set)."""
+        return self.formats.for_tools(tool_schemas)
 
     def chat_endpoint(self, *, open_on_first_call: bool = True) -> ChatEndpoint:
         """The chat endpoint over this loop's engine and chat format (built once).
@@ -145,6 +136,7 @@ class Rollout:
                 self.tokenizer,
                 recorder=CallRecorder(open_on_first_call=open_on_first_call),
                 chat_config=self.chat_config,
+                formats=self.formats,
                 config=EndpointConfig(
                     temperature=self.config.temperature,
                     truncation=self.config.truncation,
@@ -160,9 +152,8 @@ class Rollout:
         return self._agent_server.get()
 
     def close(self) -> None:
-        """Stop the agents' endpoint and workers if this loop made them (idempotent)."""
-        if self._owns_agent_server:
-            self._agent_server.close()
+        """Stop the agents' endpoint and workers (idempotent)."""
+        self._agent_server.close()
 
     # ---------------------------------------------------------------------- async API
     async def run_episode(self, spec: EpisodeSpec) -> Trajectory:

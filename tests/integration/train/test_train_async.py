@@ -18,7 +18,7 @@ from tir_rl.config import dump
 from tir_rl.engine.reaping import engine_processes, owner_id
 from tir_rl.report.run_log import load_trajectories, read_metrics
 from tir_rl.rl_loop import plan_step, run_train
-from tir_rl.rl_loop.rank0 import SEED_STRIDE
+from tir_rl.rl_loop.step_plan import task_seed
 from tir_rl.runtime import env_factory, open_runtime, task_specs
 from tir_rl.trainer import Trainer
 from tir_rl.trainer.checkpoint import latest_checkpoint
@@ -57,7 +57,7 @@ def synchronous_reference(config, num_steps: int):
                 num_tasks=cfg.tasks_per_step,
                 group_size=cfg.group_size,
                 first_group_id=first,
-                seed_of=lambda i, first=first: cfg.seed * SEED_STRIDE + first + i,
+                seed_of=lambda i, first=first: task_seed(cfg.seed, first + i),
             )
             trajectories = runtime.run_episodes(specs)
             plan, (work,) = plan_step(trajectories)
