@@ -43,7 +43,7 @@ STEP_KEYS = (
 
 
 def run(seed: int, overrides: list[str]) -> dict[str, object]:
-    from tir_rl.engine.weights_io import read_checkpoint_weights
+    from tir_rl.engine.weights.files import read_checkpoint_weights
     from tir_rl.report.run_log import read_metrics
     from tir_rl.trainer.checkpoint import MODEL_DIR, step_folder
 

@@ -42,8 +42,8 @@ from tir_rl.launch import (
     server_plans,
     trainer_config,
 )
+from tir_rl.process.run_secret import RunSecret
 from tir_rl.run_config import RunConfig
-from tir_rl.run_secret import RunSecret
 from tir_rl.runtime import env_factory, open_runtime, task_specs
 
 ROOT = Path(__file__).resolve().parent.parent

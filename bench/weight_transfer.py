@@ -31,9 +31,9 @@ import torch
 
 from tir_rl.distributed import free_port
 from tir_rl.engine.parity import probe_ids_from_text, probe_parity
-from tir_rl.engine.transfer import WeightTransfer
 from tir_rl.engine.vllm_http import VLLMHttpEngine, serve_command
 from tir_rl.engine.vllm_local import VLLMLocalEngine
+from tir_rl.engine.weights.transfer import WeightTransfer
 from tir_rl.launch import ServerPlan, new_run_secret, running_servers
 from tir_rl.models import resolve_model
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tir_rl.errors import SandboxError, SetupError
-from tir_rl.process_owner import owner_alive, owner_id
+from tir_rl.process.owner import owner_alive, owner_id
 from tir_rl.sandbox.base import BackendConfig
 from tir_rl.sandbox.image import repl_source
 from tir_rl.sandbox.pool import WarmPool

@@ -13,8 +13,9 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from tir_rl import commands, termination
+from tir_rl import commands
 from tir_rl.errors import TirError
+from tir_rl.process import termination
 
 if TYPE_CHECKING:
     pass

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from tir_rl.errors import ConfigError, TirError
 
 if TYPE_CHECKING:
-    from tir_rl.torchrun import Nodes
+    from tir_rl.process.torchrun import Nodes
 
 logger = logging.getLogger("tir_rl")
 
@@ -47,7 +47,7 @@ def _command_log(command: str) -> Path:
 
 def nodes_of(args: argparse.Namespace) -> Nodes | None:
     """This node's place in a multi-node job, or None for a job on this machine alone."""
-    from tir_rl.torchrun import Nodes
+    from tir_rl.process.torchrun import Nodes
 
     if args.nnodes == 1:
         given = [f for f in ("node_rank", "master_addr", "master_port") if getattr(args, f)]
@@ -164,7 +164,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     from tir_rl.config import load
     from tir_rl.distributed import free_port
-    from tir_rl.engine.weights_io import default_weights_dir
+    from tir_rl.engine.weights.files import default_weights_dir
     from tir_rl.launch import (
         LAUNCH_DIR,
         TRAIN_CONFIG,
@@ -225,8 +225,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from tir_rl.config import load
     from tir_rl.endpoint import EndpointServer
+    from tir_rl.process.run_secret import RunSecret
     from tir_rl.run_config import RunConfig
-    from tir_rl.run_secret import RunSecret
     from tir_rl.runtime import open_runtime
 
     config = load(RunConfig, args.config, args.set)

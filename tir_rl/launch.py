@@ -13,8 +13,8 @@ a config whose engine is the pool of those servers (`engine.kind: http`,
   folder must be on a file system every node mounts at the same path, with `nccl` the
   weights go from the trainer's node to the servers' GPUs over NCCL.
 
-Every server asks for the run's secret on every route (`tir_rl.run_secret`,
-`tir_rl.engine.server_guard`): the launch writes a fresh one to `<run dir>/launch/secret`
+Every server asks for the run's secret on every route (`tir_rl.process.run_secret`,
+`tir_rl.engine.in_vllm.server_guard`): the launch writes a fresh one to `<run dir>/launch/secret`
 (mode 600; on Slurm, when the job starts), hands the servers its path in
 `TIR_RL_RUN_SECRET_FILE` and the trainer in `engine.http.api_key_file`.
 
@@ -41,8 +41,8 @@ from tir_rl.config import to_dict
 from tir_rl.engine.engine_config import HTTP_KEYS, EngineKind
 from tir_rl.engine.vllm_http import serve_command
 from tir_rl.errors import ConfigError, EngineError
+from tir_rl.process.run_secret import SECRET_FILE_ENV, SECRET_FILE_NAME, RunSecret
 from tir_rl.run_config import RunConfig
-from tir_rl.run_secret import SECRET_FILE_ENV, SECRET_FILE_NAME, RunSecret
 
 logger = logging.getLogger(__name__)
 
@@ -318,7 +318,7 @@ def slurm_script(
     logs_q = shlex.quote(str(logs))
     secret_file = shlex.quote(str(logs / SECRET_FILE_NAME))
     gpus = f"#SBATCH --gpus-per-node={gpus_per_node}\n" if gpus_per_node > 0 else ""
-    new_secret = shlex.join([python, "-m", "tir_rl.run_secret"])
+    new_secret = shlex.join([python, "-m", "tir_rl.process.run_secret"])
     return f"""#!/bin/bash
 #SBATCH --job-name=tir-rl-{config.run.name}
 #SBATCH --nodes={servers + trainer_nodes}

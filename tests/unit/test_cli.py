@@ -75,7 +75,7 @@ def test_sigterm_unwinds_so_finally_blocks_run_and_is_remembered(monkeypatch) ->
     import os
     import signal
 
-    from tir_rl import termination
+    from tir_rl.process import termination
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     previous = signal.getsignal(signal.SIGTERM)
@@ -102,7 +102,7 @@ def test_sigterm_unwinds_so_finally_blocks_run_and_is_remembered(monkeypatch) ->
 def test_sigterm_keeps_the_default_under_torchrun(monkeypatch) -> None:
     import signal
 
-    from tir_rl import termination
+    from tir_rl.process import termination
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     previous = signal.getsignal(signal.SIGTERM)

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from tir_rl import cpu_cores
 from tir_rl.engine import VLLMLocalEngine
 from tir_rl.errors import ConfigError
+from tir_rl.process import cpu_cores
 from tir_rl.trainer import Trainer
 
 
@@ -48,7 +48,7 @@ def test_a_cuda_trainer_refuses_cpu_pinning(four_cores):
 _PIN_CHILD = """
 import json, os, threading, time
 from pathlib import Path
-from tir_rl.cpu_cores import pin_process, restored_affinity
+from tir_rl.process.cpu_cores import pin_process, restored_affinity
 before = sorted(os.sched_getaffinity(0))
 with restored_affinity():
     pin_process(frozenset({min(before)}))

@@ -12,11 +12,11 @@ import yaml
 
 from tir_rl.config import load
 from tir_rl.engine.engine_config import EngineKind
-from tir_rl.engine.server_guard import SERVER_GUARD
+from tir_rl.engine.in_vllm.server_guard import SERVER_GUARD
 from tir_rl.errors import ConfigError
 from tir_rl.launch import plan_local_launch, pool_overrides, slurm_script, trainer_config
+from tir_rl.process.run_secret import RunSecret
 from tir_rl.run_config import RunConfig
-from tir_rl.run_secret import RunSecret
 
 LOCAL = [
     "model=tiny",
@@ -94,7 +94,7 @@ def test_the_slurm_script_trains_on_node_0_and_serves_on_the_others(tmp_path):
     assert "env VLLM_SERVER_DEV_MODE=1 TIR_RL_RUN_SECRET_FILE=" in script
     assert "--host 0.0.0.0" in script and f"--middleware {SERVER_GUARD}" in script
     secret_file = config.run_dir / "launch" / "secret"
-    assert f"-m tir_rl.run_secret {secret_file}" in script  # a fresh secret per job
+    assert f"-m tir_rl.process.run_secret {secret_file}" in script  # a fresh secret per job
     assert f"--set engine.http.api_key_file={secret_file}" in script
     assert "umask 077" in script
     assert '--set "engine.http.base_urls=[$joined]"' in script
@@ -165,7 +165,7 @@ def test_the_slurm_script_runs_each_trainer_node_with_its_rank_on_a_fake_slurm(t
     assert done.returncode == 0, done.stderr
     calls = log.read_text().splitlines()
     secret_file = config.run_dir / "launch" / "secret"
-    assert calls[0] == f"secret= -m tir_rl.run_secret {secret_file}"
+    assert calls[0] == f"secret= -m tir_rl.process.run_secret {secret_file}"
     servers = [c for c in calls if "vllm.entrypoints" in c]
     assert len(servers) == 2 and all(c.startswith(f"secret={secret_file} ") for c in servers)
     trainers = [c for c in calls if " train " in c]

@@ -13,7 +13,12 @@ import pytest
 import torch
 
 from tir_rl.engine.base import GenerateRequest, GenerateResult
-from tir_rl.engine.layer_capture import LOGITS_MODULE, ForwardCapture, ModuleInputs, WeightSample
+from tir_rl.engine.in_vllm.layer_capture import (
+    LOGITS_MODULE,
+    ForwardCapture,
+    ModuleInputs,
+    WeightSample,
+)
 from tir_rl.errors import ConfigError
 from tir_rl.mismatch.localize import (
     Localization,

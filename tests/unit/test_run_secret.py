@@ -13,10 +13,10 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from tir_rl.engine.server_guard import WEIGHTS_DIGEST_HEADER, ServerGuard
-from tir_rl.engine.weights_io import check_weights_root, publish_state_dict
+from tir_rl.engine.in_vllm.server_guard import WEIGHTS_DIGEST_HEADER, ServerGuard
+from tir_rl.engine.weights.files import check_weights_root, publish_state_dict
 from tir_rl.errors import ConfigError
-from tir_rl.run_secret import SECRET_FILE_ENV, RunSecret, RunSecretMiddleware
+from tir_rl.process.run_secret import SECRET_FILE_ENV, RunSecret, RunSecretMiddleware
 
 
 def test_a_secret_file_is_owner_only_and_refused_when_open_to_others(tmp_path):

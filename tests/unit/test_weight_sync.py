@@ -12,9 +12,9 @@ from torch import nn
 
 from tir_rl.engine.base import ModelInfo, SingleEngine
 from tir_rl.engine.parity import transformers_logprobs
+from tir_rl.engine.weights.sync import WeightSync
 from tir_rl.errors import ParityError
 from tir_rl.mismatch.injection import FINAL_NORM_KEY, MismatchInjection
-from tir_rl.weight_sync import WeightSync
 
 PROBE = [1, 4, 2, 7, 3]
 

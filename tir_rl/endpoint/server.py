@@ -17,7 +17,7 @@ Routes:
 - `GET /health`.
 
 Every route asks for the server's secret (`Authorization: Bearer <secret>`, the OpenAI
-client's `api_key`): a request without it gets 401 (`tir_rl.run_secret`). Loopback is no
+client's `api_key`): a request without it gets 401 (`tir_rl.process.run_secret`). Loopback is no
 boundary on a shared machine, so the endpoint has no unauthenticated mode.
 
 `EndpointServer` runs the app in a daemon thread (its own event loop) on a free port, for
@@ -37,7 +37,7 @@ from tir_rl.endpoint.openai_chat import RequestError
 from tir_rl.endpoint.recorder import UnknownEpisodeError
 from tir_rl.endpoint.streaming import completion_chunks, sse_events
 from tir_rl.errors import SetupError, TirError
-from tir_rl.run_secret import RunSecret, RunSecretMiddleware
+from tir_rl.process.run_secret import RunSecret, RunSecretMiddleware
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette

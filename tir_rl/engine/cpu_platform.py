@@ -14,9 +14,9 @@ import os
 from collections.abc import Iterator
 from typing import Protocol
 
-from tir_rl.cpu_cores import format_cpu_list, parse_cpu_list
 from tir_rl.engine.start_environment import variable_for_start
 from tir_rl.errors import ConfigError
+from tir_rl.process.cpu_cores import format_cpu_list, parse_cpu_list
 
 logger = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from tir_rl.engine.sampler_settings import SAMPLER_SETTING_NAMES
 from tir_rl.engine.server_connection import ServerConnection
 from tir_rl.engine.vllm_http import VLLMHttpEngine
 from tir_rl.engine.vllm_local import VLLMLocalEngine
-from tir_rl.engine.weights_io import read_checkpoint_weights
+from tir_rl.engine.weights.files import read_checkpoint_weights
 from tir_rl.errors import ConfigError, EngineError
 
 logger = logging.getLogger(__name__)

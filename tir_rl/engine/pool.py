@@ -25,7 +25,7 @@ however long it takes. A member marked down does not come back during the run.
 Weights. With `transfer` `file`, `update_weights` publishes the state dict once
 (`weights_io.publish_state_dict`, a folder every member reads) and has every member that is
 up load it, concurrently. With a transfer by vLLM's engines (`nccl`, `gloo`;
-`tir_rl.engine.transfer`), one group spans the trainer and every member's workers and one
+`tir_rl.engine.weights.transfer`), one group spans the trainer and every member's workers and one
 send reaches them all. A member that cannot be reached while loading is marked down (with a
 transfer, the send is then made again to the members left, in a group formed anew); any
 other load failure is raised, since the members would then hold different weights. After an
@@ -57,7 +57,8 @@ from tir_rl.engine.base import (
     R,
     ServersHealth,
 )
-from tir_rl.engine.transfer import (
+from tir_rl.engine.weights.files import PublishedWeights, publish_state_dict
+from tir_rl.engine.weights.transfer import (
     TransferError,
     TransferGroup,
     TransferReceiver,
@@ -65,7 +66,6 @@ from tir_rl.engine.transfer import (
     send_by_transfer,
     transfer_group_for,
 )
-from tir_rl.engine.weights_io import PublishedWeights, publish_state_dict
 from tir_rl.errors import ConfigError, EngineError, EngineUnavailableError, ParityError
 
 if TYPE_CHECKING:
@@ -167,7 +167,7 @@ class EnginePool:
                 member must read it at the same path.
             routing: how a request picks its member (`Routing`).
             seed: seeds `Routing.RANDOM`'s draws.
-            transfer: how the weights reach the members (`tir_rl.engine.transfer`).
+            transfer: how the weights reach the members (`tir_rl.engine.weights.transfer`).
             transfer_address: this machine's address as the members reach it (`nccl`, `gloo`).
             hang_check: when a waiting request asks its member whether it is hung.
 

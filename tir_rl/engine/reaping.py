@@ -36,7 +36,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tir_rl.process_owner import owner_alive, owner_id, process_state, start_time
+from tir_rl.process.owner import owner_alive, owner_id, process_state, start_time
 
 logger = logging.getLogger(__name__)
 

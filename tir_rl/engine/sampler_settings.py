@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tir_rl.engine.base import PROCESSED_LOGPROBS
-from tir_rl.engine.transfer import WeightTransfer
+from tir_rl.engine.weights.transfer import WeightTransfer
 from tir_rl.errors import ConfigError
 
 
@@ -32,7 +32,7 @@ class SamplerSettings:
     a private folder in /dev/shm, removed on close. A server: a folder it reads at the same
     path (required there)."""
     weight_transfer: WeightTransfer = WeightTransfer.FILE
-    """How the trainer's weights reach the engine (`tir_rl.engine.transfer`): `file` (a
+    """How the trainer's weights reach the engine (`tir_rl.engine.weights.transfer`): `file` (a
     folder it reloads), `nccl` or `ipc` (vLLM's transfer engines, CUDA; `ipc` when the
     engine shares the trainer's GPU), or `gloo` (the NCCL protocol on CPUs). A server must
     have been started for `nccl`/`gloo` (`--weight-transfer-config`, docs/scale.md)."""

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tir_rl.errors import ConfigError, EngineError
-from tir_rl.run_secret import RunSecret
+from tir_rl.process.run_secret import RunSecret
 
 if TYPE_CHECKING:
     import httpx
@@ -28,7 +28,7 @@ class ServerConnection:
     served_model_name: str | None = None
     """The server's `--served-model-name`; None accepts the server's only model."""
     api_key_file: str | None = None
-    """File holding the servers' bearer token (the run's secret, `tir_rl.run_secret`), only
+    """File holding the servers' bearer token (the run's secret, `tir_rl.process.run_secret`), only
     its owner may read it. `tir-rl launch` sets it to the secret it gave its servers."""
     api_key: str | None = None
     """Bearer token given inline, for a server started with `--api-key` by someone else; it

@@ -15,7 +15,7 @@ text stops, so the full completion comes back and is cut right after the first s
 sequence on ids (the tokens up to the cut are identical to a native stop; only the
 compute after it is wasted).
 
-Weight updates (`weight_transfer`, see `tir_rl.engine.transfer`): with `nccl` or `gloo` the
+Weight updates (`weight_transfer`, see `tir_rl.engine.weights.transfer`): with `nccl` or `gloo` the
 weights go through vLLM's transfer engines and its `/update_weights` routes (the server is
 started with the matching `--weight-transfer-config`). With `file` (the default) this
 engine publishes the state dict
@@ -51,17 +51,17 @@ from tir_rl.engine.base import (
     SingleEngine,
     truncate_at_stop_sequence,
 )
+from tir_rl.engine.in_vllm.server_guard import SERVER_GUARD, WEIGHTS_DIGEST_HEADER
 from tir_rl.engine.sampler_settings import SamplerSettings
 from tir_rl.engine.server_connection import ServerConnection, authorization_headers, http_error
-from tir_rl.engine.server_guard import SERVER_GUARD, WEIGHTS_DIGEST_HEADER
-from tir_rl.engine.transfer import (
+from tir_rl.engine.vllm_outputs import finish_reason
+from tir_rl.engine.weights.clients import HttpTransferClient
+from tir_rl.engine.weights.files import PublishedWeights, check_published, publish_state_dict
+from tir_rl.engine.weights.transfer import (
     TransferRound,
     send_to_engine,
     transfer_group_for,
 )
-from tir_rl.engine.transfer_clients import HttpTransferClient
-from tir_rl.engine.vllm_outputs import finish_reason
-from tir_rl.engine.weights_io import PublishedWeights, check_published, publish_state_dict
 from tir_rl.errors import ConfigError, EngineError, EngineUnavailableError
 
 if TYPE_CHECKING:
@@ -509,7 +509,7 @@ def serve_command(
 
     Run it with `VLLM_SERVER_DEV_MODE=1` in the environment so that `update_weights` and
     the server-config check work, and with `TIR_RL_RUN_SECRET_FILE` naming the run's secret
-    file: the server asks for that secret on every route (`tir_rl.engine.server_guard`) and
+    file: the server asks for that secret on every route (`tir_rl.engine.in_vllm.server_guard`) and
     does not start without it.
     """
     from tir_rl.models import resolve_model

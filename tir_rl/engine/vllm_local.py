@@ -32,8 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tir_rl import console
-from tir_rl.cpu_cores import parse_cpu_list
-from tir_rl.engine import batch_invariance, cpu_platform, layer_capture
+from tir_rl.engine import batch_invariance, cpu_platform
 from tir_rl.engine._loop import LoopThread
 from tir_rl.engine.base import (
     FinishReason,
@@ -42,24 +41,26 @@ from tir_rl.engine.base import (
     ModelInfo,
     SingleEngine,
     StopSequenceMatcher,
-    )
+)
+from tir_rl.engine.in_vllm import layer_capture
 from tir_rl.engine.reaping import EngineGuard, reap_leftovers
 from tir_rl.engine.sampler_settings import SamplerSettings
-from tir_rl.engine.transfer import (
-    TransferRound,
-    WeightTransfer,
-    send_to_engine,
-    transfer_group_for,
-)
-from tir_rl.engine.transfer_clients import LocalTransferClient
 from tir_rl.engine.vllm_outputs import finish_reason, sampled_logprobs, versions_from_spans
-from tir_rl.engine.weights_io import (
+from tir_rl.engine.weights.clients import LocalTransferClient
+from tir_rl.engine.weights.files import (
     PublishedWeights,
     check_published,
     default_weights_dir,
     write_state_dict,
 )
+from tir_rl.engine.weights.transfer import (
+    TransferRound,
+    WeightTransfer,
+    send_to_engine,
+    transfer_group_for,
+)
 from tir_rl.errors import ConfigError, EngineError, EngineUnavailableError
+from tir_rl.process.cpu_cores import parse_cpu_list
 
 if TYPE_CHECKING:
     import torch

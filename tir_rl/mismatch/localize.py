@@ -1,7 +1,8 @@
 """Locate sampler/trainer mismatch: the same tokens through both models, stage by stage.
 
 The engine's stages come from vLLM's own forward (forward hooks installed in its worker
-through `engine.layer_capture`); the trainer's from the same hooks on its transformers model.
+through `engine.in_vllm.layer_capture`); the trainer's from the same hooks on its
+transformers model.
 Both see the probe's token ids, so each stage's gap is measured on equal inputs up to what
 the earlier stages already moved::
 
@@ -36,7 +37,7 @@ from tir_rl.errors import ConfigError
 if TYPE_CHECKING:
     import torch
 
-    from tir_rl.engine.layer_capture import ForwardCapture, ModuleInputs, WeightSample
+    from tir_rl.engine.in_vllm.layer_capture import ForwardCapture, ModuleInputs, WeightSample
     from tir_rl.engine.vllm_local import VLLMLocalEngine
 
 StageRole = Literal[
@@ -322,7 +323,7 @@ async def localize(
     """
     import torch
 
-    from tir_rl.engine.layer_capture import LOGITS_MODULE
+    from tir_rl.engine.in_vllm.layer_capture import LOGITS_MODULE
 
     names = stage_modules(model)
     if not names:

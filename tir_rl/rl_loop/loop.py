@@ -58,21 +58,21 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import torch
 
 from tir_rl import distributed as tdist
-from tir_rl import termination
 from tir_rl.config import dump, load, to_dict
-from tir_rl.cpu_cores import available_cores, restored_affinity
+from tir_rl.engine.weights.sync import WeightSync
 from tir_rl.errors import ConfigError, ParityError, RankLostError, TirError
 from tir_rl.mismatch.injection import MismatchInjection
+from tir_rl.process import termination
+from tir_rl.process.cpu_cores import available_cores, restored_affinity
+from tir_rl.process.torchrun import Nodes, torchrun_command
 from tir_rl.report.eval_stats import bootstrap_paired_change
 from tir_rl.report.step_metrics import StepOutcome, progress_fields
 from tir_rl.rl_loop.rank0 import DataPosition, Rank0Driver
 from tir_rl.rl_loop.step_plan import StepPlan
 from tir_rl.rl_loop.update import StepWork, Update
 from tir_rl.run_config import RunConfig
-from tir_rl.torchrun import Nodes, torchrun_command
 from tir_rl.trainer import checkpoint
 from tir_rl.trainer.checkpoint import latest_checkpoint, step_folder
-from tir_rl.weight_sync import WeightSync
 
 if TYPE_CHECKING:
     from tir_rl.engine.parity import ParityReport

@@ -32,7 +32,7 @@ import torch
 
 from tir_rl import distributed as tdist
 from tir_rl.config import dump, to_dict
-from tir_rl.engine.weights_io import read_checkpoint_weights
+from tir_rl.engine.weights.files import read_checkpoint_weights
 from tir_rl.errors import ConfigError
 from tir_rl.trainer import lora
 from tir_rl.trainer.reference import ReferenceRecord, check_record

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from tir_rl.cpu_cores import parse_cpu_list, pin_process
 from tir_rl.errors import ConfigError, did_you_mean
+from tir_rl.process.cpu_cores import parse_cpu_list, pin_process
 from tir_rl.trainer.trainer_config import TrainerConfig
 
 logger = logging.getLogger(__name__)

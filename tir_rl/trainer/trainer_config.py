@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from tir_rl.cpu_cores import parse_cpu_list
 from tir_rl.errors import ConfigError
+from tir_rl.process.cpu_cores import parse_cpu_list
 from tir_rl.trainer.batch import Packing
 from tir_rl.trainer.ess_step import ESSStepSize
 from tir_rl.trainer.lora import LoRAConfig

@@ -10,10 +10,10 @@ from tir_rl.distributed import free_port
 from tir_rl.engine import GenerateRequest, VLLMHttpEngine, VLLMLocalEngine
 from tir_rl.engine.parity import probe_parity, transformers_logprobs
 from tir_rl.engine.pool import EnginePool, HangCheck
-from tir_rl.engine.transfer import WeightTransfer
-from tir_rl.engine.weights_io import publish_state_dict
+from tir_rl.engine.weights.files import publish_state_dict
+from tir_rl.engine.weights.transfer import WeightTransfer
 from tir_rl.errors import ConfigError, EngineError, EngineUnavailableError, ParityError
-from tir_rl.run_secret import RunSecret
+from tir_rl.process.run_secret import RunSecret
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -9,7 +9,7 @@ import torch
 
 from tir_rl.engine import FinishReason, GenerateRequest, VLLMLocalEngine
 from tir_rl.engine.parity import probe_parity, transformers_logprobs
-from tir_rl.engine.transfer import WeightTransfer
+from tir_rl.engine.weights.transfer import WeightTransfer
 from tir_rl.errors import ConfigError, EngineError, ParityError
 
 pytestmark = pytest.mark.vllm

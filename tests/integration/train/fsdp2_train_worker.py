@@ -88,7 +88,7 @@ def main(argv: list[str]) -> int:
     code: int | str | None = 1
     try:
         code = cli.main(argv)
-    except SystemExit as exc:  # SIGTERM (`tir_rl.termination.exit_on_sigterm`)
+    except SystemExit as exc:  # SIGTERM (`tir_rl.process.termination.exit_on_sigterm`)
         code = exc.code
         raise
     finally:

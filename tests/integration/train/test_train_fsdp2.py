@@ -23,10 +23,10 @@ from fsdp2_train_worker import INJECTED_PARITY_MESSAGE
 from tir_rl import distributed as tdist
 from tir_rl.config import load
 from tir_rl.models import prepare_tiny_model
+from tir_rl.process.torchrun import Nodes, torchrun_command
 from tir_rl.report.run_log import load_trajectories, read_metrics
 from tir_rl.rl_loop import plan_step
 from tir_rl.run_config import RunConfig
-from tir_rl.torchrun import Nodes, torchrun_command
 from tir_rl.trainer import Trainer, checkpoint
 from tir_rl.trainer.checkpoint import latest_checkpoint
 from tir_rl.trainer.loss import build_policy_loss

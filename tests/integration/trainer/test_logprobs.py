@@ -134,9 +134,9 @@ def test_update_logprobs_of_model_tokens_alone_equal_the_full_path_in_values_and
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_parity_probe_scores_with_the_training_forward(make_trainer, reference_model, dtype):
     """The probe after a sync is the forward training computes: under bf16 autocast too."""
+    from tir_rl.engine.weights.sync import WeightSync
     from tir_rl.mismatch.injection import MismatchInjection
     from tir_rl.trainer.batch import TrainBatch
-    from tir_rl.weight_sync import WeightSync
 
     probe = [1, 504, 2462, 314, 253, 1789, 30, 198, 77, 1200, 9]
     trainer = make_trainer(dtype=dtype)

@@ -13,7 +13,7 @@ from tir_rl.engine.base import (
 )
 from tir_rl.engine.parity import probe_parity
 from tir_rl.engine.vllm_local import VLLMLocalEngine
-from tir_rl.engine.weights_io import write_state_dict
+from tir_rl.engine.weights.files import write_state_dict
 from tir_rl.errors import ConfigError, ParityError
 
 

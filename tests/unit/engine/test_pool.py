@@ -21,7 +21,7 @@ from tir_rl.engine.base import (
     SingleEngine,
 )
 from tir_rl.engine.pool import EnginePool, HangCheck, Routing
-from tir_rl.engine.weights_io import (
+from tir_rl.engine.weights.files import (
     READY_MARKER,
     PublishedWeights,
     check_published,

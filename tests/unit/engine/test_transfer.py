@@ -17,7 +17,7 @@ import torch
 from test_pool import INFO, FakeMember
 
 from tir_rl.engine.pool import EnginePool
-from tir_rl.engine.transfer import (
+from tir_rl.engine.weights.transfer import (
     FanOutClient,
     TransferError,
     TransferGroup,

@@ -12,7 +12,7 @@ version goes to a folder of its own, written under a temporary name, closed by a
 marker and then renamed, so a server never loads a half-written checkpoint, and one write
 serves every server of a pool. The folder's digest (`weights_digest`) goes with the
 authenticated reload request, and the server checks it before it loads anything
-(`tir_rl.engine.server_guard`): a file changed on disk after publication is refused.
+(`tir_rl.engine.in_vllm.server_guard`): a file changed on disk after publication is refused.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tir_rl.errors import EngineError, ModelError
-from tir_rl.run_secret import refuse_unless_own
+from tir_rl.process.run_secret import refuse_unless_own
 
 if TYPE_CHECKING:
     import torch
@@ -144,7 +144,7 @@ def check_published(weights: PublishedWeights) -> None:
         raise EngineError(
             f"{weights.folder} has no {READY_MARKER}: it is not a complete published version "
             "(still being written, or removed by a later publication). Publish the weights "
-            "with tir_rl.engine.weights_io.publish_state_dict and load each version before "
+            "with tir_rl.engine.weights.files.publish_state_dict and load each version before "
             "publishing the next."
         )
     size = json.loads(marker.read_text())["bytes"]

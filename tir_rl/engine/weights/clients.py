@@ -1,4 +1,4 @@
-"""How each engine takes part in a weight transfer by vLLM's engines (`tir_rl.engine.transfer`).
+"""How each engine takes part in a weight transfer by vLLM's engines (`transfer`).
 
 A `TransferGroup` drives the receiving side through a client: `LocalTransferClient` calls
 the in-process `AsyncLLM`, `HttpTransferClient` a server's weight-sync routes. Both block;
@@ -16,7 +16,7 @@ from tir_rl.errors import EngineError, EngineUnavailableError
 
 if TYPE_CHECKING:
     from tir_rl.engine.server_connection import ServerConnection
-    from tir_rl.engine.transfer import WeightTransfer
+    from tir_rl.engine.weights.transfer import WeightTransfer
 
 
 class LocalTransferClient:

@@ -131,7 +131,7 @@ def secret_from_environment() -> RunSecret:
         raise ConfigError(
             f"{SECRET_FILE_ENV} is not set: a tir-rl server refuses to start without its run's "
             "secret. tir-rl launch sets it; when starting `vllm serve` yourself, write a secret "
-            f"with `python -m tir_rl.run_secret FILE` and export {SECRET_FILE_ENV}=FILE"
+            f"with `python -m tir_rl.process.run_secret FILE` and export {SECRET_FILE_ENV}=FILE"
         )
     return RunSecret.read(Path(path))
 
@@ -193,12 +193,12 @@ async def _refuse(scope: Scope, send: Send) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m tir_rl.run_secret FILE`: write a fresh secret to FILE (mode 600)."""
+    """`python -m tir_rl.process.run_secret FILE`: write a fresh secret to FILE (mode 600)."""
     import sys
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        raise SystemExit("usage: python -m tir_rl.run_secret FILE")
+        raise SystemExit("usage: python -m tir_rl.process.run_secret FILE")
     path = RunSecret.generate().write(Path(args[0]))
     print(f"wrote a new run secret to {path} (mode 600)")
 

@@ -2,7 +2,7 @@
 
 Two checks, in this order:
 
-1. **The run's secret on every route** (`tir_rl.run_secret.RunSecretMiddleware`, the secret
+1. **The run's secret on every route** (`tir_rl.process.run_secret.RunSecretMiddleware`, the secret
    read from `TIR_RL_RUN_SECRET_FILE` when the server starts): without it a request gets
    401 and reaches nothing, control routes (`/collective_rpc`, `/update_weights`,
    `/init_weight_transfer_engine`, `/reset_prefix_cache`, ...) and `/health` included.
@@ -20,8 +20,8 @@ import asyncio
 import json
 from pathlib import Path
 
-from tir_rl.engine.weights_io import weights_digest
-from tir_rl.run_secret import (
+from tir_rl.engine.weights.files import weights_digest
+from tir_rl.process.run_secret import (
     ASGIApp,
     Message,
     Receive,
@@ -31,7 +31,7 @@ from tir_rl.run_secret import (
     request_header,
 )
 
-SERVER_GUARD = "tir_rl.engine.server_guard.ServerGuard"
+SERVER_GUARD = "tir_rl.engine.in_vllm.server_guard.ServerGuard"
 """The `--middleware` import path `serve_command` gives vLLM."""
 WEIGHTS_DIGEST_HEADER = "X-Tir-Rl-Weights-Sha256"
 MAX_CONTROL_BODY_BYTES = 1 << 20

@@ -3,7 +3,7 @@
 `engine.weight_transfer` picks one of:
 
 - `file` (the default): the state dict is published once as a folder every engine reads
-  (`tir_rl.engine.weights_io`: written under a temporary name, closed by a ready marker,
+  (`tir_rl.engine.weights.files`: written under a temporary name, closed by a ready marker,
   renamed), and each engine reloads it (`collective_rpc("reload_weights")`). Needs a folder
   both sides see: local disk or /dev/shm on one machine, a shared file system across several.
 - `nccl`: vLLM's NCCL engine (`vllm.distributed.weight_transfer`). Trainer rank 0 joins one
@@ -12,7 +12,7 @@
 - `ipc`: vLLM's CUDA-IPC engine, for an engine on the trainer's own GPU: the engine maps
   the trainer's tensors instead of copying them over a wire. Needs CUDA.
 - `gloo`: the NCCL protocol with torch's gloo as the data plane
-  (`tir_rl.engine.gloo_transfer`, a vLLM plugin), so that path runs on CPUs; it is how the
+  (`tir_rl.engine.in_vllm.gloo_receiver`, a vLLM plugin), so that path runs on CPUs; it is how the
   transfer is tested here.
 
 The three transfers share the trainer side: a `TransferGroup` is vLLM's trainer engine for
@@ -302,7 +302,7 @@ class TransferGroup:
         from tir_rl.distributed import free_port
 
         if self.transfer is WeightTransfer.GLOO:
-            from tir_rl.engine.gloo_transfer import GlooTrainerInitInfo, register
+            from tir_rl.engine.in_vllm.gloo_receiver import GlooTrainerInitInfo, register
 
             register()
             return GlooTrainerInitInfo(

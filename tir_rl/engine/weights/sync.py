@@ -12,7 +12,7 @@ After optimizer step k the engine gets the trainer's weights, unless `inject` is
 it gets `MismatchInjection.sampler_state` (transformed weights), or nothing on a stale step
 (`inject.sync_every` > 1), and the probe logs the gap instead of raising (`ParityError`
 otherwise). How the weights travel is the engine's `engine.weight_transfer`
-(`tir_rl.engine.transfer`: a published file, or vLLM's nccl / ipc / gloo transfer engines);
+(`tir_rl.engine.weights.transfer`: a published file, or vLLM's nccl / ipc / gloo transfer engines);
 the probe is `tir_rl.engine.parity`. A pool's servers are each checked: the version they
 label tokens with, and their parity.
 
