@@ -1,7 +1,9 @@
 """What truncated sampling and its replay cost: sampling throughput and the trainer's step.
 
     python bench/truncated_sampling_cost.py [--model bundled] [--rounds 3] \
-        > bench/truncated_sampling_records/cost.txt
+        2>/dev/null | sed -n '/^# Truncated/,$p' > bench/truncated_sampling_records/cost_bundled.txt
+
+(vLLM logs to standard output too: the `sed` keeps the table.)
 
 One run, arms interleaved round by round so that the machine's load hits them alike; the table
 gives each arm's median and its ratio to the untruncated arm.

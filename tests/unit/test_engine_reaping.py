@@ -121,3 +121,10 @@ def test_doctor_reports_the_leftovers_it_ended(sleepers):
     assert finding.verdict is Verdict.WARN and f"{orphan.pid} sleep 600" in finding.detail
     assert orphan.wait(timeout=5) == -signal.SIGTERM
     assert leftover_engine_finding([]).verdict is Verdict.PASS
+
+
+def test_the_watchdog_module_imports_without_torch():
+    """The watchdog starts beside every engine and must be up at once: no torch import (it
+    took 6 s on a busy machine, past the owner's death it watches for)."""
+    check = "import sys, tir_rl.engine.reaping; assert 'torch' not in sys.modules, 'torch'"
+    subprocess.run([sys.executable, "-c", check], check=True)

@@ -15,11 +15,12 @@ docs/machine-facts.md) and renormalizes over it (`tir_rl.trainer.token_stats`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from tir_rl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +50,8 @@ class SamplingTruncation:
 
     def kept(self, scaled_logits: Tensor) -> Tensor:
         """[r, V] bool: the tokens vLLM would sample from, given logits already divided by T."""
+        import torch  # the engine's request types import this module: no torch at import
+
         x = scaled_logits.float()
         keep = torch.ones_like(x, dtype=torch.bool)
         if self.min_p > 0:
@@ -57,6 +60,10 @@ class SamplingTruncation:
             x = x.masked_fill(~keep, -torch.inf)
         if self.top_k is None and self.top_p >= 1:
             return keep
+        if self.top_p >= 1:  # top-k alone: the k-th largest logit is the bound (no full sort)
+            assert self.top_k is not None
+            k = min(self.top_k, x.shape[-1])
+            return keep & ~(x < x.topk(k, dim=-1).values[:, -1:])
         x_sorted, order = x.sort(dim=-1, descending=False)
         drop_sorted = torch.zeros_like(keep)
         if self.top_k is not None:
