@@ -340,6 +340,11 @@ STABILIZER_ARMS: dict[str, tuple[tuple[str, ...] | None, str]] = {
         ("correction_preset=geo_rs_token_tis",),
         "the shipped preset geo_rs_token_tis, GRPO, the cause's update mode",
     ),
+    "bypass": (
+        (*BYPASS, "loss.name=grpo"),
+        "GRPO's PPO clip with its ratio to the sampler (bypass mode), no correction: the "
+        "control of the arms below, which take their ratio there too",
+    ),
     "dppo_tv": ((*BYPASS, "loss.name=dppo_tv"), "DPPO binary TV (δ 0.15), anchored to the sampler"),
     "dppo_kl": ((*BYPASS, "loss.name=dppo_kl"), "DPPO binary KL (δ 0.05), anchored to the sampler"),
     "gspo": ((*BYPASS, "loss.name=gspo"), "GSPO (clip 3e-4 / 4e-4), ratio to the sampler"),
@@ -349,7 +354,10 @@ STABILIZER_ARMS: dict[str, tuple[tuple[str, ...] | None, str]] = {
 """The arms, each with its update mode where it has its own: DPPO, GSPO and CISPO take their
 ratio against the sampler (bypass mode, DPPO's authors' recommendation): with tir-rl's one
 optimizer step per batch their ratio to the recompute is exactly 1 and they would all be
-plain policy gradient. None: the cause's mode with no correction."""
+plain policy gradient. None: the cause's mode with no correction. `bypass` (PPO's clip in
+bypass mode) was added after the first seed of `stale`, where every bypass arm held: it tells
+what the arms owe to the anchor and what to their own formula (under `raw`, whose own mode
+is bypass, it is the uncorrected arm)."""
 
 
 def truncation_suite() -> list[Setting]:
