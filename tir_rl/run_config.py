@@ -238,16 +238,14 @@ class RunConfig:
     wandb: WandbSink.Config = field(default_factory=WandbSink.Config)
     """Weights & Biases settings; used when `run.loggers` names `wandb`."""
 
-    def validate(self) -> None:
-        """Cross-section checks; points the sections at the settings they follow."""
-        self.run.validate()
-        self._check_wandb()
-        if self.trainer.reference_model and self.loss.kl_coef == 0:
-            raise ConfigError(
-                f"trainer.reference_model={self.trainer.reference_model!r} is set but "
-                "loss.kl_coef is 0, so no reference policy is loaded. Set loss.kl_coef > 0 for a "
-                "KL penalty to it, or drop trainer.reference_model."
-            )
+    def resolve(self) -> None:
+        """Point the sections at the settings they follow, once, before `validate`.
+
+        The loader calls it (`tir_rl.config.loading`): a value that follows another (the
+        trainer's temperature and model, the seeds, the engine under an injection, the
+        preset folded into `correction`) is filled in here, and a contradicting one is
+        refused; the saved config is then explicit. `validate` only checks.
+        """
         self._resolve_degenerate_groups()
         self._follow_temperature()
         self._follow_kernels()
@@ -260,13 +258,24 @@ class RunConfig:
             }
             self.correction = MismatchCorrection.Config.preset(self.correction_preset, **changed)
             self.correction_preset = None  # folded in: the saved config is explicit
-        self._warn_stale_sequence_masks()
         self._follow_model()
         self._follow_run_seed()
         self._apply_injection()
         if self.trainer.lr_schedule is LRSchedule.COSINE and self.trainer.schedule_steps == 0:
             self.trainer.schedule_steps = self.run.steps  # the documented meaning of 0
-            self.trainer.validate()  # warm-up shorter than the run
+
+    def validate(self) -> None:
+        """Cross-section checks of the resolved config; changes nothing."""
+        self.run.validate()
+        self.trainer.validate()  # a cosine schedule's resolved length against its warm-up
+        self._check_wandb()
+        if self.trainer.reference_model and self.loss.kl_coef == 0:
+            raise ConfigError(
+                f"trainer.reference_model={self.trainer.reference_model!r} is set but "
+                "loss.kl_coef is 0, so no reference policy is loaded. Set loss.kl_coef > 0 for a "
+                "KL penalty to it, or drop trainer.reference_model."
+            )
+        self._warn_stale_sequence_masks()
 
     def _resolve_degenerate_groups(self) -> None:
         """`run.drop_degenerate_groups`: null follows the KL penalty; true beside one is refused."""

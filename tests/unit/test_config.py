@@ -279,3 +279,19 @@ def test_vllms_batch_invariant_mode_is_refused_where_vllm_lacks_it_and_set_for_a
     with batch_invariance.environment(True):  # what the engine core inherits
         assert os.environ[batch_invariance.ENV] == "1"
     assert batch_invariance.ENV not in os.environ
+
+
+def test_validating_a_run_config_changes_nothing_resolving_fills_what_follows():
+    import copy
+
+    from tir_rl.run_config import RunConfig
+
+    loaded = config.load(RunConfig, None, ["model=tiny", "correction_preset=token_tis"])
+    assert loaded.trainer.model == "tiny" and loaded.correction_preset is None  # resolved
+    before = copy.deepcopy(loaded)
+    loaded.validate()
+    assert loaded == before
+    fresh = RunConfig(model="tiny")  # built in code: nothing followed yet
+    assert fresh.trainer.temperature is None
+    fresh.resolve()
+    assert fresh.trainer.temperature == fresh.rollout.temperature and fresh.trainer.model == "tiny"

@@ -51,6 +51,9 @@ def from_dict(cls: type[C], data: Mapping[str, Any], *, where: str = "") -> C:
         config = cls(**kwargs)
     except TypeError as exc:  # a required field was not given
         raise ConfigError(f"{where or cls.__name__}: {exc}") from exc
+    resolve = getattr(config, "resolve", None)
+    if callable(resolve):  # fill in what follows other settings (e.g. `RunConfig.resolve`)
+        resolve()
     validate = getattr(config, "validate", None)
     if callable(validate):
         validate()
