@@ -168,6 +168,7 @@ def run_tir_rl(shape: Shape, out_dir: Path) -> Result:
     config.trainer = dataclasses.replace(
         config.trainer, temperature=1.0, lr=shape.lr, dtype="float32"
     )
+    config.resolve()
     config.validate()
     t0 = time.perf_counter()
     run_train(config)
