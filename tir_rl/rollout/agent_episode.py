@@ -1,4 +1,4 @@
-"""One `AgentEnv` episode: the user's agent plays it through the run's chat endpoint.
+"""An agent episode: the user's agent plays an `AgentEnv` task through the run's chat endpoint.
 
 The agent gets an `openai.AsyncOpenAI` client whose base URL records under a key of its
 own (`EndpointServer.episode_base_url`); when it returns its reward (or raises, or overruns
@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tir_rl.endpoint import samples_from_calls
 from tir_rl.errors import SetupError
+from tir_rl.rollout.episode import Ending, EpisodeBase, EpisodeHost, EpisodeSpec, env_failure
 from tir_rl.types import RolloutStatus, Trajectory
 
 if TYPE_CHECKING:
@@ -24,7 +26,45 @@ if TYPE_CHECKING:
     from tir_rl.envs.agent_env import AgentEnv
     from tir_rl.envs.episode import Task
 
-__all__ = ["AgentOutcome", "play_agent_episode"]
+__all__ = ["AgentEpisode", "AgentOutcome", "play_agent_episode"]
+
+
+class AgentEpisode(EpisodeBase):
+    """The state of one agent episode while it runs."""
+
+    def __init__(self, rollout: EpisodeHost, spec: EpisodeSpec, env: AgentEnv) -> None:
+        super().__init__(rollout, spec, env)
+        self.samples: list[Trajectory] = []
+        """The training samples of the agent's calls (one per append-only history)."""
+
+    async def _play(self) -> Ending:
+        """Ask the env for the task, then let its agent play it through the endpoint."""
+        try:
+            task = self.env.task_for(seed=self.spec.task_seed, options=self.spec.options)
+        except Exception as exc:  # noqa: BLE001 (one episode's env failure, not the batch's)
+            return env_failure(exc, "building or resetting the environment")
+        t0 = time.perf_counter()
+        outcome = await play_agent_episode(
+            self.env,
+            task,
+            self.rollout.agent_server(),
+            group_id=self.spec.group_id,
+            episode_id=self.spec.sample_index,
+            timeout_s=self.config.agent_timeout_s,
+        )
+        self.timings.generate_s += time.perf_counter() - t0
+        self.reward = outcome.reward
+        self.samples = outcome.samples
+        return Ending(outcome.status, outcome.error)
+
+    def _trajectories(self, ending: Ending) -> list[Trajectory]:
+        if not self.samples:  # a failure before any call: one empty trajectory with it
+            from tir_rl.rollout.episode import empty_trajectory
+
+            return [empty_trajectory(self.spec, ending, self.timings)]
+        for sample in self.samples:
+            sample.timings = self.timings
+        return self.samples
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,12 @@
-"""One episode of the agent loop: reset, then sample / parse / step until the episode ends.
+"""One episode of the agent loop: what it plays, its limits, and the two kinds of episode.
 
 `EpisodeSpec` says what an episode plays and `RolloutConfig` (`Rollout.Config`) its limits;
-an `Episode` reads the rest from its `EpisodeHost` (the `Rollout` running it).
+`loop.play_episode` builds the env and plays the kind of episode its type calls for: a
+`SteppedEpisode` (`stepped_episode.py`: reset, then sample / parse / step until it ends) for a
+`ToolEnv` or any gymnasium env, an `AgentEpisode` (`agent_episode.py`: the user's agent
+through the run's chat endpoint) for an `AgentEnv`. Both read the rest from their
+`EpisodeHost` (the `Rollout` running them) and share `EpisodeBase` (timing, closing the env,
+cancellation).
 
 Everything here runs on the agent loop's event loop, except the environment's `reset` and
 `step` (and building and closing the env), which may block on a sandbox: they run in a
@@ -16,32 +21,26 @@ readable `Trajectory.error`; nothing raised here reaches the batch except cancel
 from __future__ import annotations
 
 import asyncio
-import functools
 import threading
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from tir_rl.engine.base import FinishReason, GenerateRequest, GenerateResult
 from tir_rl.engine.truncation import SamplingTruncation
 from tir_rl.envs.agent_env import AgentEnv
-from tir_rl.envs.episode import ResetInfo, StepInfo, Task
-from tir_rl.errors import ConfigError, EnvironmentSpecError, SandboxError
+from tir_rl.errors import ConfigError, SandboxError
 from tir_rl.types import (
     EpisodeTimings,
-    Message,
     RolloutStatus,
-    ToolErrorKind,
-    ToolResult,
     Trajectory,
 )
 
 if TYPE_CHECKING:
     import gymnasium
 
-    from tir_rl.chat import ChatFormat, Conversation
+    from tir_rl.chat import ChatFormat
     from tir_rl.endpoint import EndpointServer
     from tir_rl.engine.base import Engine
 
@@ -219,40 +218,31 @@ def turn_seed(base: int | None, spec: EpisodeSpec, turn: int) -> int | None:
 
 
 @dataclass
-class _Ending:
+class Ending:
+    """How an episode ended: its status, and what went wrong if anything did."""
+
     status: RolloutStatus
     error: str | None = None
 
 
-class Episode:
-    """The state of one episode while it runs (see `Rollout.run_episode`)."""
+class EpisodeBase:
+    """What both kinds of episode share: their host, spec, env, timings, reward, and the end."""
 
-    def __init__(self, rollout: EpisodeHost, spec: EpisodeSpec) -> None:
+    def __init__(self, rollout: EpisodeHost, spec: EpisodeSpec, env: Any) -> None:
         self.rollout = rollout
         self.config = rollout.config
-        self.engine: Engine = rollout.engine
         self.spec = spec
+        self.env = env
+        self.env_hung = False
+        """A call into the env overran its deadline (its thread may still hold the env)."""
         self.timings = EpisodeTimings()
         self.reward = 0.0
-        self.num_tool_calls = 0
-        self.num_tool_errors = 0
-        self.num_parse_errors = 0
-        self.env: Any = None
-        self.env_hung = False
-        self.conv: Conversation | None = None
-        self.chat_format: ChatFormat | None = None
-        self.agent_samples: list[Trajectory] | None = None
-        """An `AgentEnv` episode's samples (None for a stepped env)."""
 
-    # ------------------------------------------------------------------------- running
-    async def run(self) -> list[Trajectory]:
-        """Play the episode to its end; never raises except on cancellation.
+    async def run(self, *, started: float) -> list[Trajectory]:
+        """Play the episode to its end (timed from `started`).
 
-        A stepped env gives one trajectory; an `AgentEnv` gives one per sample of its agent's
-        calls (several when its history was not append-only; none is empty: a failure with
-        no call gives one empty trajectory carrying the status).
+        Never raises except on cancellation; the env is closed whatever happened.
         """
-        start = time.perf_counter()
         try:
             ending = await self._play()
         except asyncio.CancelledError:
@@ -262,192 +252,16 @@ class Episode:
             raise
         finally:
             await self._close_env()
-        self.timings.total_s = time.perf_counter() - start
-        if self.agent_samples:
-            for sample in self.agent_samples:
-                sample.timings = self.timings
-            return self.agent_samples
-        return [self._trajectory(ending)]
+        self.timings.total_s = time.perf_counter() - started
+        return self._trajectories(ending)
 
-    async def _play(self) -> _Ending:
-        """Build the env, then play the kind of episode its type calls for."""
-        c = self.config
-        label = f"episode g{self.spec.group_id}/s{self.spec.sample_index}"
-        spec = self.spec
-        try:
-            self.env = await run_blocking(
-                spec.env_factory, timeout_s=c.reset_timeout_s, name=f"{label} make env"
-            )
-            play: Callable[[], Awaitable[_Ending]]
-            if isinstance(self.env, AgentEnv):  # played by its agent through the endpoint
-                task = self.env.task_for(seed=spec.task_seed, options=spec.options)
-                play = functools.partial(self._play_agent, task)
-            else:  # stepped by tir-rl's loop
-                messages, info = await run_blocking(
-                    self._reset, timeout_s=c.reset_timeout_s, name=f"{label} env.reset"
-                )
-                play = functools.partial(self._play_stepped, messages, _tool_schemas(info), label)
-        except Exception as exc:  # noqa: BLE001 (one episode's env failure, not the batch's)
-            self.env_hung = isinstance(exc, StepTimeoutError)
-            return _env_failure(exc, "building or resetting the environment")
-        return await play()
+    async def _play(self) -> Ending:
+        raise NotImplementedError
 
-    async def _play_stepped(
-        self, messages: Sequence[Message], schemas: Sequence[dict[str, Any]], label: str
-    ) -> _Ending:
-        """tir-rl's own loop: sample a turn, step the env with it, until the episode ends."""
-        c = self.config
-        self.chat_format = self.rollout.chat_format_for(schemas)
-        self.conv = conv = self.chat_format.conversation(messages)
-
-        for turn in range(c.max_turns):
-            ending = await self._sample_turn(conv, turn)
-            if ending is not None:
-                return ending
-            ending, env_messages = await self._step_env(conv, label)
-            if ending is not None:
-                return ending
-            if turn == c.max_turns - 1:  # no turn left to read the env's answer
-                break
-            pending = self.chat_format.render_env_turns(
-                env_messages, close_turn=not conv.current_turn_closed
-            )
-            if conv.num_tokens + len(pending) >= self.rollout.max_context_tokens:
-                return _Ending(
-                    RolloutStatus.TRUNCATED_CONTEXT,
-                    f"the environment's answer ({len(pending)} tokens) leaves no room to sample "
-                    f"within max_context_tokens={self.rollout.max_context_tokens}",
-                )
-            conv.append_messages(env_messages)
-        return _Ending(RolloutStatus.TRUNCATED_MAX_TURNS)
-
-    async def _play_agent(self, task: Task) -> _Ending:
-        """The user's agent plays `task` through the endpoint; its calls become samples."""
-        from tir_rl.rollout.agent_episode import play_agent_episode
-
-        t0 = time.perf_counter()
-        outcome = await play_agent_episode(
-            self.env,
-            task,
-            self.rollout.agent_server(),
-            group_id=self.spec.group_id,
-            episode_id=self.spec.sample_index,
-            timeout_s=self.config.agent_timeout_s,
-        )
-        self.timings.generate_s += time.perf_counter() - t0
-        self.reward = outcome.reward
-        self.agent_samples = outcome.samples
-        return _Ending(outcome.status, outcome.error)
-
-    def _reset(self) -> tuple[Sequence[Message], Any]:
-        return self.env.reset(seed=self.spec.task_seed, options=self.spec.options)
-
-    async def _sample_turn(self, conv: Conversation, turn: int) -> _Ending | None:
-        """Generate one assistant turn and append it; an ending if the episode stops here."""
-        c = self.config
-        assert self.chat_format is not None
-        remaining = self.rollout.max_context_tokens - conv.num_tokens
-        if remaining < 1:
-            return _Ending(RolloutStatus.TRUNCATED_CONTEXT, None)
-        max_tokens = min(c.max_tokens_per_turn, remaining)
-        request = GenerateRequest(
-            prompt_token_ids=conv.token_ids,
-            max_tokens=max_tokens,
-            temperature=c.temperature,
-            top_p=c.top_p,
-            top_k=c.top_k,
-            min_p=c.min_p,
-            seed=turn_seed(c.seed, self.spec, turn),
-            stop_token_ids=self.chat_format.stop_token_ids,
-            stop_token_sequences=self.rollout.stop_token_sequences,
-            affinity=f"{self.spec.group_id}/{self.spec.sample_index}",  # one server per episode
-        )
-        t0 = time.perf_counter()
-        try:
-            result = await self.engine.generate(request)
-        except Exception as exc:  # noqa: BLE001 (this request failed; the others go on)
-            return _Ending(RolloutStatus.ERROR_ENGINE, f"turn {turn}: {_describe(exc)}")
-        finally:
-            self.timings.generate_s += time.perf_counter() - t0
-        if result.finish_reason in (FinishReason.ABORT, FinishReason.ERROR):
-            return _Ending(
-                RolloutStatus.ERROR_ENGINE,
-                f"turn {turn}: the engine ended the request with {result.finish_reason.value!r}",
-            )
-        if not result.token_ids:
-            return _Ending(RolloutStatus.ERROR_ENGINE, f"turn {turn}: the engine sampled nothing")
-        self._count_prefill(result)
-        conv.append_sampled(result.token_ids, result.logprobs, result.policy_versions)
-        if result.finish_reason == FinishReason.LENGTH:
-            if (
-                max_tokens < c.max_tokens_per_turn
-                or conv.num_tokens >= self.rollout.max_context_tokens
-            ):
-                return _Ending(RolloutStatus.TRUNCATED_CONTEXT)
-            if c.end_on_truncated_turn:
-                return _Ending(RolloutStatus.TRUNCATED_TURN_LENGTH)
-        return None
-
-    def _count_prefill(self, result: GenerateResult) -> None:
-        timings = self.timings
-        timings.prompt_tokens += result.num_prompt_tokens
-        if result.num_cached_prompt_tokens is not None:
-            timings.cached_prompt_tokens = (
-                timings.cached_prompt_tokens or 0
-            ) + result.num_cached_prompt_tokens
-
-    async def _step_env(
-        self, conv: Conversation, label: str
-    ) -> tuple[_Ending | None, list[Message]]:
-        """Parse the turn, let the environment answer it; an ending if the episode stops."""
-        c = self.config
-        assert self.chat_format is not None
-        parsed = self.chat_format.parse_assistant(conv.current_turn_ids)
-        self.num_tool_calls += parsed.num_blocks
-        self.num_parse_errors += len(parsed.errors)
-        if self.num_parse_errors > c.max_parse_errors:
-            self.num_tool_errors += len(parsed.errors)
-            return _Ending(
-                RolloutStatus.ERROR_PARSE,
-                f"{self.num_parse_errors} malformed tool calls (max_parse_errors="
-                f"{c.max_parse_errors}); last: {parsed.errors[-1].kind.value}",
-            ), []
-        action = conv.messages[-1]
-        t0 = time.perf_counter()
-        try:
-            out = await run_blocking(
-                self.env.step, action, timeout_s=c.tool_call_timeout_s, name=f"{label} env.step"
-            )
-        except Exception as exc:  # noqa: BLE001 (one episode's tool failure)
-            self.env_hung = isinstance(exc, StepTimeoutError)
-            return _env_failure(exc, f"turn {conv.turn_index}: env.step"), []
-        finally:
-            self.timings.tools_s += time.perf_counter() - t0
-        messages, reward, terminated, truncated, info = out
-        self.reward += float(reward)
-        try:
-            results = _tool_results(info)
-        except EnvironmentSpecError as exc:
-            return _env_failure(exc, f"turn {conv.turn_index}: env.step"), []
-        self.num_tool_errors += sum(r.error is not None for r in results)
-        sandbox_failures = [r for r in results if r.error == ToolErrorKind.SANDBOX]
-        if sandbox_failures and c.end_on_sandbox_error:
-            return _Ending(RolloutStatus.ERROR_SANDBOX, sandbox_failures[0].content), []
-        if terminated:
-            return _Ending(RolloutStatus.FINISHED), []
-        if truncated:
-            return _Ending(RolloutStatus.TRUNCATED_MAX_TURNS), []
-        if not messages:
-            return _Ending(
-                RolloutStatus.ERROR_TOOL,
-                f"turn {conv.turn_index}: env.step returned no messages without ending the "
-                "episode (a ToolEnv must answer every non-final turn)",
-            ), []
-        return None, list(messages)
+    def _trajectories(self, ending: Ending) -> list[Trajectory]:
+        raise NotImplementedError
 
     async def _close_env(self) -> None:
-        if self.env is None:
-            return
         if self.env_hung:  # its lock is held by the stuck call: close without waiting
             threading.Thread(target=_close_quietly, args=(self.env,), daemon=True).start()
             return
@@ -458,52 +272,34 @@ class Episode:
         except StepTimeoutError:
             pass
 
-    # ---------------------------------------------------------------------- trajectory
-    def _trajectory(self, ending: _Ending) -> Trajectory:
-        fields: dict[str, Any] = {
-            "reward": self.reward,
-            "status": ending.status,
-            "group_id": self.spec.group_id,
-            "num_tool_calls": self.num_tool_calls,
-            "num_tool_errors": self.num_tool_errors,
-            "timings": self.timings,
-            "error": ending.error,
-        }
-        if self.conv is None:  # the env never produced a prompt
-            return Trajectory(
-                prompt_ids=[],
-                completion_ids=[],
-                loss_mask=[],
-                sampler_logprobs=[],
-                turn_ids=[],
-                **fields,
-            )
-        return self.conv.to_trajectory(**fields)
+
+def empty_trajectory(spec: EpisodeSpec, ending: Ending, timings: EpisodeTimings) -> Trajectory:
+    """The trajectory of an episode that never reached a prompt: its status and error only."""
+    return Trajectory(
+        prompt_ids=[],
+        completion_ids=[],
+        loss_mask=[],
+        sampler_logprobs=[],
+        turn_ids=[],
+        reward=0.0,
+        status=ending.status,
+        group_id=spec.group_id,
+        timings=timings,
+        error=ending.error,
+    )
 
 
-def _tool_schemas(info: Any) -> list[dict[str, Any]]:
-    """The tools of a reset info: a ToolEnv's (it has ``tools``); none for another env."""
-    if isinstance(info, Mapping) and "tools" not in info:
-        return []  # another gymnasium env
-    return ResetInfo.from_info(info).tool_schemas
-
-
-def _tool_results(info: Any) -> tuple[ToolResult, ...]:
-    """The tool results of a step info: a ToolEnv's (it has ``turn``); none for another env."""
-    if isinstance(info, Mapping) and "turn" not in info:
-        return ()
-    return StepInfo.from_info(info).tool_results
-
-
-def _env_failure(exc: BaseException, what: str) -> _Ending:
+def env_failure(exc: BaseException, what: str) -> Ending:
+    """The ending of an episode whose env failed (its sandbox, a deadline, or an exception)."""
     if isinstance(exc, SandboxError):
-        return _Ending(RolloutStatus.ERROR_SANDBOX, f"{what}: {_describe(exc)}")
+        return Ending(RolloutStatus.ERROR_SANDBOX, f"{what}: {describe(exc)}")
     if isinstance(exc, StepTimeoutError):
-        return _Ending(RolloutStatus.ERROR_TOOL, f"{what}: {exc} (tool call timeout)")
-    return _Ending(RolloutStatus.ERROR_TOOL, f"{what} raised {_describe(exc)}")
+        return Ending(RolloutStatus.ERROR_TOOL, f"{what}: {exc} (tool call timeout)")
+    return Ending(RolloutStatus.ERROR_TOOL, f"{what} raised {describe(exc)}")
 
 
-def _describe(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
+    """`Type: message` of an exception, for a trajectory's error."""
     return f"{type(exc).__name__}: {exc}"
 
 

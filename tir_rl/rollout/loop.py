@@ -33,20 +33,27 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tir_rl.chat import ChatFormat, ChatFormatName
 from tir_rl.chat.format import ChatFormats
+from tir_rl.envs.agent_env import AgentEnv
 from tir_rl.errors import ConfigError
+from tir_rl.rollout.agent_episode import AgentEpisode
 from tir_rl.rollout.agent_server import AgentServer
 from tir_rl.rollout.episode import (
     EnvFactory,
-    Episode,
+    EpisodeHost,
     EpisodeSpec,
     RolloutConfig,
+    empty_trajectory,
+    env_failure,
+    run_blocking,
 )
-from tir_rl.types import Trajectory
+from tir_rl.rollout.stepped_episode import SteppedEpisode
+from tir_rl.types import EpisodeTimings, Trajectory
 
 if TYPE_CHECKING:
     from tir_rl.chat.tokens import Tokenizer
@@ -156,24 +163,12 @@ class Rollout:
         self._agent_server.close()
 
     # ---------------------------------------------------------------------- async API
-    async def run_episode(self, spec: EpisodeSpec) -> Trajectory:
-        """Play one episode of a stepped env; failures become error statuses, never exceptions.
+    async def run_episode(self, spec: EpisodeSpec) -> list[Trajectory]:
+        """Play one episode: one trajectory, or an `AgentEnv` episode's samples.
 
-        Raises:
-            ConfigError: The env is an `AgentEnv` whose episode gave several samples (use
-                `run_episode_samples`).
+        Failures become error statuses, never exceptions (`episode.play_episode`).
         """
-        samples = await self.run_episode_samples(spec)
-        if len(samples) != 1:
-            raise ConfigError(
-                f"the episode gave {len(samples)} samples (an AgentEnv whose history was not "
-                "append-only): call Rollout.run_episode_samples"
-            )
-        return samples[0]
-
-    async def run_episode_samples(self, spec: EpisodeSpec) -> list[Trajectory]:
-        """Play one episode: one trajectory, or an `AgentEnv` episode's samples."""
-        return await Episode(self, spec).run()
+        return await play_episode(self, spec)
 
     async def run_batch(self, specs: Sequence[EpisodeSpec]) -> list[Trajectory]:
         """Play all episodes, at most `max_concurrent_episodes` at once; results in order.
@@ -184,7 +179,7 @@ class Rollout:
 
         async def bounded(spec: EpisodeSpec) -> list[Trajectory]:
             async with limit:
-                return await self.run_episode_samples(spec)
+                return await self.run_episode(spec)
 
         episodes = await asyncio.gather(*(bounded(s) for s in specs))
         return [t for samples in episodes for t in samples]
@@ -209,6 +204,28 @@ class Rollout:
     def run_batch_sync(self, specs: Sequence[EpisodeSpec]) -> list[Trajectory]:
         """`run_batch` for scripts without an event loop (runs its own with `asyncio.run`)."""
         return asyncio.run(self.run_batch(specs))
+
+
+async def play_episode(rollout: EpisodeHost, spec: EpisodeSpec) -> list[Trajectory]:
+    """Build the env and play the kind of episode its type calls for.
+
+    A stepped env gives one trajectory; an `AgentEnv` gives one per sample of its agent's
+    calls (several when its history was not append-only; none is empty: a failure with no
+    call gives one empty trajectory carrying the status). An env that cannot be built gives
+    one empty trajectory with the error.
+    """
+    started = time.perf_counter()
+    label = f"episode g{spec.group_id}/s{spec.sample_index}"
+    try:
+        env = await run_blocking(
+            spec.env_factory, timeout_s=rollout.config.reset_timeout_s, name=f"{label} make env"
+        )
+    except Exception as exc:  # noqa: BLE001 (one episode's env failure, not the batch's)
+        ending = env_failure(exc, "building or resetting the environment")
+        timings = EpisodeTimings(total_s=time.perf_counter() - started)
+        return [empty_trajectory(spec, ending, timings)]
+    kind = AgentEpisode if isinstance(env, AgentEnv) else SteppedEpisode
+    return await kind(rollout, spec, env).run(started=started)
 
 
 def group_specs(

@@ -174,7 +174,7 @@ class RolloutProducer:
     async def _play(self, ticket: GroupTicket, slots: asyncio.Semaphore) -> None:
         async def one(spec: EpisodeSpec) -> list[Trajectory]:
             async with slots:
-                return await self.rollout.run_episode_samples(spec)
+                return await self.rollout.run_episode(spec)
 
         try:
             episodes = await asyncio.gather(*(one(s) for s in self.group_specs(ticket.index)))
