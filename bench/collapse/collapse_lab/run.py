@@ -23,13 +23,14 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+from collapse_lab.settings import MISMATCHES, Setting, suite
 
-from settings import MISMATCHES, Setting, suite  # noqa: E402
+LAB_DIR = Path(__file__).resolve().parents[1]
+"""bench/collapse/: the lab's base config and its command-line scripts."""
+REPO = LAB_DIR.parents[1]
 
-BASE = HERE / "base.yaml"
-SFT_CONFIG = HERE.parents[1] / "configs" / "sft" / "multihop.yaml"
+BASE = LAB_DIR / "base.yaml"
+SFT_CONFIG = REPO / "configs" / "sft" / "multihop.yaml"
 DONE = "DONE"
 
 GPU_SIZE = (
@@ -51,7 +52,7 @@ GPU_SIZE = (
 )
 """GPU-sized overrides: longer horizon, bigger batch, more steps (docs/scale.md)."""
 
-LAB_CONFIG = HERE.parents[1] / "configs" / "lab.yaml"
+LAB_CONFIG = REPO / "configs" / "lab.yaml"
 """`--lab` starts from the quickstart's config (the lab model, horizon 4, 8 samples per task,
 AdamW on `model.norm.weight` only; docs/lab_model.md) instead of `base.yaml`."""
 
@@ -69,7 +70,7 @@ LAB_SIZE = ("run.tasks_per_step=4", "run.plot_every=4", *LAB_GUARD)
 """What the lab runs change in configs/lab.yaml: half the tasks per step, and the guard's
 k3 alert of `base.yaml` (alerts are recorded, never acted on)."""
 
-LAB_SFT_CONFIG = HERE.parents[1] / "configs" / "lab_sft.yaml"
+LAB_SFT_CONFIG = REPO / "configs" / "lab_sft.yaml"
 """`--lab-sft` starts from `make train`'s config (the trained lab model `lab-sft`, every weight
 at AdamW 1e-4, horizon 4, 8 tasks x 8 samples, 10 steps; docs/lab_model.md)."""
 
@@ -159,7 +160,7 @@ def main() -> None:
                 failures.append(name)
                 print(f"[collapse] {name}: FAILED (exit {code}), see {run_dir}/train.log")
     if not args.dry_run and not args.no_report:
-        subprocess.call([sys.executable, str(HERE / "report.py"), str(args.out)])
+        subprocess.call([sys.executable, str(LAB_DIR / "report.py"), str(args.out)])
     if failures:
         raise SystemExit(f"failed runs: {', '.join(failures)}")
 

@@ -20,19 +20,21 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
 from collections import defaultdict
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from report import Run, final_task_scores, load_runs, outcome, paired_change, task_scores  # noqa: E402
-from report import _heldout as heldout_points  # noqa: E402
-from settings import STABILIZER_ARMS, STABILIZER_CAUSES  # noqa: E402
-from verdict import values_by_step  # noqa: E402
-
-from tir_rl.report.eval_stats import Estimate, bootstrap_seeds_and_tasks  # noqa: E402
+from collapse_lab.report import (
+    Run,
+    final_task_scores,
+    load_runs,
+    outcome,
+    paired_change,
+    task_scores,
+)
+from collapse_lab.report import _heldout as heldout_points
+from collapse_lab.settings import STABILIZER_ARMS, STABILIZER_CAUSES
+from collapse_lab.verdict import values_by_step
+from tir_rl.report.eval_stats import Estimate, bootstrap_seeds_and_tasks
 
 FAILED = ("collapsed", "degraded")
 LAST_STEPS = 10

@@ -18,21 +18,16 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from report import Run, load_runs  # noqa: E402
-
-from tir_rl.config import load  # noqa: E402
-from tir_rl.mismatch import MismatchCorrection  # noqa: E402
-from tir_rl.report.run_log import run_file  # noqa: E402
-from tir_rl.report.sequences import SEQUENCES_FILE, SequenceRecord, read_sequences  # noqa: E402
-from tir_rl.run_config import RunConfig  # noqa: E402
+from collapse_lab.report import Run, load_runs
+from tir_rl.config import load
+from tir_rl.mismatch import MismatchCorrection
+from tir_rl.report.run_log import run_file
+from tir_rl.report.sequences import SEQUENCES_FILE, SequenceRecord, read_sequences
+from tir_rl.run_config import RunConfig
 
 GEO_BAND = MismatchCorrection.Config.preset("geo_rs").geo_mask
 """The band `geo_rs` keeps a sequence in, on its geometric-mean ratio."""

@@ -18,24 +18,19 @@ import json
 import math
 import re
 import statistics
-import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from settings import CORRECTIONS  # noqa: E402
-from verdict import CollapseVerdict, judge_run, values_by_step  # noqa: E402
-
-from tir_rl.report.eval_stats import (  # noqa: E402
+from collapse_lab.settings import CORRECTIONS
+from collapse_lab.verdict import CollapseVerdict, judge_run, values_by_step
+from tir_rl.report.eval_stats import (
     Estimate,
     bootstrap_paired_change,
     bootstrap_seeds_and_tasks,
 )
-from tir_rl.report.run_log import METRICS_FILE, read_metrics, run_file  # noqa: E402
+from tir_rl.report.run_log import METRICS_FILE, read_metrics, run_file
 
 _RUN = re.compile(r"^(?P<setting>.+)_s(?P<seed>\d+)$")
 _TURN = re.compile(r"^mismatch/turn_(\d+)/k3_kl$")

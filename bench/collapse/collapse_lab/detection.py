@@ -24,17 +24,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from report import Run, load_runs  # noqa: E402
-from verdict import (  # noqa: E402
+from collapse_lab.report import Run, load_runs
+from collapse_lab.verdict import (
     GRAD_NORM_KEY,
     CollapseCriteria,
     alert_steps,

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,17 +39,13 @@ from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from report import Run, load_runs  # noqa: E402
-from verdict import values_by_step  # noqa: E402
-
-from tir_rl.mismatch.failure_tilt import TILT_KEY, tilt_sums  # noqa: E402
-from tir_rl.mismatch.guard import CollapseGuard  # noqa: E402
-from tir_rl.report.run_log import run_file  # noqa: E402
-from tir_rl.report.sequences import SEQUENCES_FILE, read_sequences  # noqa: E402
-from tir_rl.trainer.ess_step import ess_ratio  # noqa: E402
+from collapse_lab.report import Run, load_runs
+from collapse_lab.verdict import values_by_step
+from tir_rl.mismatch.failure_tilt import TILT_KEY, tilt_sums
+from tir_rl.mismatch.guard import CollapseGuard
+from tir_rl.report.run_log import run_file
+from tir_rl.report.sequences import SEQUENCES_FILE, read_sequences
+from tir_rl.trainer.ess_step import ess_ratio
 
 K3_KEY = "mismatch/k3_kl"
 ESS_DEFICIT_KEY = "mismatch/vcpo_ess_deficit"
