@@ -1,11 +1,6 @@
-"""bench/collapse/detection.py: firing steps, warnings, leads and false alarms."""
+"""The detection study (`collapse_lab.detection`): firing steps, warnings, leads, false alarms."""
 
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench" / "collapse"))
-from detection import K3_KEY, above, above_baseline, judge  # noqa: E402
+from collapse_lab.detection import K3_KEY, above, above_baseline, judge
 
 
 def _rows(values: list[float]) -> list[dict]:

@@ -11,10 +11,11 @@ Figures with fewer digits (0.19 → 0.03, step counts, minutes) are not checked.
 
 import functools
 import re
-import sys
 from pathlib import Path
 
 import pytest
+
+from collapse_lab.report import load_runs, report_text
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "collapse" / "results"
@@ -35,9 +36,6 @@ too large to keep, so they cannot be regenerated here; bench/collapse/README.md 
 command that wrote each one."""
 README = ROOT / "bench" / "collapse" / "README.md"
 
-sys.path.insert(0, str(ROOT / "bench" / "collapse"))
-from report import load_runs, report_text  # noqa: E402
-
 
 def _regenerated(suite: str) -> str:
     return report_text(load_runs(RESULTS / suite))
@@ -45,14 +43,14 @@ def _regenerated(suite: str) -> str:
 
 @functools.cache
 def _sequence_table() -> str:
-    from sequence_study import study
+    from collapse_lab.sequence_study import study
 
     return study(load_runs(RESULTS / "sft_long"))
 
 
 @functools.cache
 def _guard_study() -> str:
-    from guard_signal import study
+    from collapse_lab.guard_signal import study
 
     return study(load_runs(RESULTS / "sft_long"), load_runs(RESULTS / "guard_new"), 5, 5)
 
@@ -90,7 +88,7 @@ def _missing_rows(table: str) -> tuple[int, list[str]]:
 
 
 def test_the_detection_table_is_what_detection_py_writes_from_the_long_runs():
-    from detection import study
+    from collapse_lab.detection import study
 
     count, missing = _missing_rows(
         study(load_runs(RESULTS / "sft_long"), window=25, smooth=5, baseline=25)

@@ -1,17 +1,10 @@
 """Every collapse-lab setting is a valid run config (keys exist, values validate)."""
 
-import sys
 from pathlib import Path
 
 import pytest
 
-from tir_rl.config import load
-from tir_rl.run_config import RunConfig
-
-LAB = Path(__file__).resolve().parents[2] / "bench" / "collapse"
-sys.path.insert(0, str(LAB))
-
-from run import (  # noqa: E402
+from collapse_lab.run import (
     GPU_SIZE,
     LAB_CONFIG,
     LAB_SFT_CONFIG,
@@ -19,7 +12,11 @@ from run import (  # noqa: E402
     LAB_SIZE,
     lab_clean_eval,
 )
-from settings import MISMATCHES, suite  # noqa: E402
+from collapse_lab.settings import MISMATCHES, suite
+from tir_rl.config import load
+from tir_rl.run_config import RunConfig
+
+LAB = Path(__file__).resolve().parents[2] / "bench" / "collapse"
 
 CASES = [
     (name, mismatch, setting)
@@ -78,7 +75,7 @@ def test_map_setting_loads_on_the_trained_lab_models_config(setting) -> None:
 
 
 def test_map_covers_both_update_modes_at_two_horizons_for_every_mismatch() -> None:
-    from settings import MAP_MISMATCHES
+    from collapse_lab.settings import MAP_MISMATCHES
 
     names = {s.name for s in suite("map")}
     for key, _, _ in MAP_MISMATCHES:
@@ -96,7 +93,7 @@ def config_horizon(config: RunConfig) -> int:
 
 
 def test_only_runs_the_named_settings_in_the_given_order_and_refuses_unknown_names() -> None:
-    from run import pick
+    from collapse_lab.run import pick
 
     settings = suite("map")
     chosen = pick(settings, ["h4_decoupled_stale_4", "h8_no_mismatch"])
@@ -106,7 +103,7 @@ def test_only_runs_the_named_settings_in_the_given_order_and_refuses_unknown_nam
 
 
 def test_an_unfinished_run_resumes_from_its_checkpoint_and_one_without_starts_again(tmp_path):
-    from run import command_for
+    from collapse_lab.run import command_for
 
     fresh = ["tir-rl", "train", "--config", "lab.yaml"]
     assert command_for(tmp_path / "new", fresh) == (fresh, False)
@@ -121,7 +118,7 @@ def test_an_unfinished_run_resumes_from_its_checkpoint_and_one_without_starts_ag
 
 
 def test_a_resumed_run_is_timed_over_all_its_attempts(tmp_path) -> None:
-    from run import record_attempt
+    from collapse_lab.run import record_attempt
 
     assert record_attempt(tmp_path, 600.0) == [600.0]
     assert record_attempt(tmp_path, 30.5) == [600.0, 30.5]
@@ -130,7 +127,7 @@ def test_a_resumed_run_is_timed_over_all_its_attempts(tmp_path) -> None:
 def test_core_pinning_refuses_a_core_this_process_may_not_use() -> None:
     import os
 
-    from run import pin_to_core
+    from collapse_lab.run import pin_to_core
 
     allowed = os.sched_getaffinity(0)
     with pytest.raises(SystemExit, match="may use cores"):

@@ -1,12 +1,9 @@
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "collapse"))
-
-from report import (  # noqa: E402
+from collapse_lab.report import (
     EARLY_STEPS,
     REWARD_BLOCK,
     breaking_point_map,
@@ -291,7 +288,7 @@ def test_the_corrections_table_says_when_a_seed_lacks_per_task_scores(tmp_path):
 
 
 def test_kept_records_give_the_same_report_as_the_run_folders(tmp_path):
-    from keep import keep
+    from collapse_lab.keep import keep
 
     runs = tmp_path / "runs"
     runs.mkdir()

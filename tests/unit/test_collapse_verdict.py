@@ -1,15 +1,9 @@
-"""The collapse lab's verdict on a run (`bench/collapse/verdict.py`)."""
-
-import sys
-from pathlib import Path
+"""The collapse lab's verdict on a run (`collapse_lab.verdict`)."""
 
 import pytest
 
+from collapse_lab.verdict import CollapseCriteria, judge_run
 from tir_rl.errors import ConfigError
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "collapse"))
-
-from verdict import CollapseCriteria, judge_run  # noqa: E402
 
 
 def rows(rewards, grad_norms=None, alerts=None, heldout=None):

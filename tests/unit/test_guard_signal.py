@@ -1,4 +1,4 @@
-"""The guard signal study (`bench/collapse/guard_signal.py`) on records, and the guard's default.
+"""The guard signal study (`collapse_lab.guard_signal`) on records, and the guard's default.
 
 The default limit of the failure tilt is what the study's fixed rule chooses on the kept
 collapse-lab runs; a scripted set of runs checks the rule, the scoring and leave-one-out.
@@ -6,20 +6,17 @@ collapse-lab runs; a scripted set of runs checks the rule, the scoring and leave
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
+from collapse_lab import guard_signal
+from collapse_lab.report import Run
+from collapse_lab.verdict import judge_run
+from tir_rl.mismatch.failure_tilt import TILT_KEY
+from tir_rl.mismatch.guard import DEFAULT_TILT_LIMIT, CollapseGuard
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench" / "collapse"))
-
-import guard_signal  # noqa: E402
-from report import Run  # noqa: E402
-from verdict import judge_run  # noqa: E402
-
-from tir_rl.mismatch.failure_tilt import TILT_KEY  # noqa: E402
-from tir_rl.mismatch.guard import DEFAULT_TILT_LIMIT, CollapseGuard  # noqa: E402
 
 
 def scripted_run(name: str, tilt: list[float], rewards: list[float]) -> guard_signal.Signals:

@@ -1,16 +1,12 @@
-"""bench/collapse/sequence_study.py: failed and succeeded sequences, their log-ratios and masks."""
+"""`collapse_lab.sequence_study`: failed and succeeded sequences, their log-ratios and masks."""
 
 import json
 import math
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench" / "collapse"))
-from report import load_runs  # noqa: E402
-from sequence_study import study  # noqa: E402
-
-from tir_rl.report.sequences import SequenceRecord, append_sequences  # noqa: E402
+from collapse_lab.report import load_runs
+from collapse_lab.sequence_study import study
+from tir_rl.report.sequences import SequenceRecord, append_sequences
 
 MASKED = "correction:\n  geo_mask: [0.999, 1.001]\n"
 UNCORRECTED = "correction: {}\n"
