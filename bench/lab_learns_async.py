@@ -4,30 +4,25 @@
     python bench/lab_learns_async.py --seed 3 --core 1 --set run.steps=4
     python bench/lab_learns_async.py --report bench/lab_learns_records
 
-The run is `tests/integration/train/test_train_learns.py`'s, taken from that module
-(`train_lab_model` with its `ASYNCHRONOUS` settings: configs/lab_learns.yaml, the lab model at
-logit scale 0.36); `--set` changes any other setting. The record keeps held-out pass@1
-before and after with the paired change, and per step the reward, the lag, the correction's
-weights, the ratio, the gradient norm and the logit scale (the mean of the final norm's
-weight) after the step; `--report` prints one line per record. The test's run is seeded by
-`run.seed`, but with `run.max_staleness` > 0 which groups a step takes depends on timing, so
-the same seed can give a different run.
+The run is `tests/integration/train/test_train_learns.py`'s, from where that test takes it,
+`collapse_lab.lab_learns` (`train_lab_model` with its `ASYNCHRONOUS` settings:
+configs/lab_learns.yaml, the lab model at logit scale 0.36); `--set` changes any other
+setting. The record keeps held-out pass@1 before and after with the paired change, and per
+step the reward, the lag, the correction's weights, the ratio, the gradient norm and the
+logit scale (the mean of the final norm's weight) after the step; `--report` prints one line
+per record. The test's run is seeded by `run.seed`, but with `run.max_staleness` > 0 which
+groups a step takes depends on timing, so the same seed can give a different run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench" / "collapse"))
-sys.path.insert(0, str(ROOT / "tests" / "integration" / "train"))
-
-from run import pin_to_core  # noqa: E402  (the collapse lab's pinning: bench/collapse/run.py)
-from test_train_learns import ASYNCHRONOUS, train_lab_model  # noqa: E402  (the test's run)
+from collapse_lab.lab_learns import ASYNCHRONOUS, train_lab_model
+from collapse_lab.run import pin_to_core
 
 STEP_KEYS = (
     "rollout/reward_mean",

@@ -18,18 +18,11 @@ tasks, and the training reward per step. About 2.5 minutes on the quiet 2-core m
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "collapse"))
-
-from run import pin_to_core  # noqa: E402  (the collapse lab's pinning: bench/collapse/run.py)
-
-CONFIG = Path(__file__).resolve().parents[1] / "configs" / "lab_learns.yaml"
-"""The learning tests' run; the adapters replace its `trainer.train_only`."""
-START_SCALE = 0.36
-"""The learning test's starting logit scale: held-out pass@1 about 0.2-0.3 at horizon 1."""
+from collapse_lab.lab_learns import train_lab_model
+from collapse_lab.run import pin_to_core
 
 
 def main() -> None:
@@ -49,42 +42,23 @@ def main() -> None:
     if args.core is not None:
         pin_to_core(args.core)
 
-    from tir_rl.config import load
-    from tir_rl.lab.model import LabModelSpec
-    from tir_rl.models import prepare_lab_model
     from tir_rl.report.eval_stats import describe_change
-    from tir_rl.report.run_log import read_metrics
-    from tir_rl.rl_loop import run_train
-    from tir_rl.run_config import RunConfig
 
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp)
-        model = prepare_lab_model(LabModelSpec(logit_scale=START_SCALE), out / "lab")
-        config = load(
-            RunConfig,
-            CONFIG,
-            [
-                f"model={model}",
-                f"run.out_dir={out}",
-                "run.name=lora",
-                f"run.seed={args.seed}",
-                f"run.steps={args.steps}",
-                "trainer.train_only=[]",
-                "trainer.lora.enabled=true",
-                f"trainer.lora.target_modules=[{', '.join(args.targets)}]",
-                f"trainer.lora.r={args.r}",
-                f"trainer.lora.alpha={args.alpha}",
-                f"trainer.lora.init={args.init}",
-                f"trainer.lr={args.lr}",
-                *args.overrides,
-            ],
+        summary, rewards = train_lab_model(
+            Path(tmp),
+            "run.name=lora",
+            f"run.seed={args.seed}",
+            f"run.steps={args.steps}",
+            "trainer.train_only=[]",
+            "trainer.lora.enabled=true",
+            f"trainer.lora.target_modules=[{', '.join(args.targets)}]",
+            f"trainer.lora.r={args.r}",
+            f"trainer.lora.alpha={args.alpha}",
+            f"trainer.lora.init={args.init}",
+            f"trainer.lr={args.lr}",
+            *args.overrides,
         )
-        summary = run_train(config)
-        rewards = [
-            r["rollout/reward_mean"]
-            for r in read_metrics(summary.run_dir)
-            if "rollout/reward_mean" in r
-        ]
     extra = "".join(f", {o}" for o in args.overrides)
     print(
         f"\nLoRA on {', '.join(args.targets)} (init {args.init}, r {args.r}, alpha {args.alpha:g}, "
