@@ -1,16 +1,13 @@
-"""bench/precision_drift.py: which episodes score which checkpoint, and what a pack holds."""
+"""The precision-drift study's episodes (`collapse_lab.drift_episodes`, used by
+bench/precision_drift.py): which episodes score which checkpoint, and what a pack holds."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-from precision_drift import kept_episodes, near, pack  # noqa: E402
-
-from tir_rl.report.run_log import SavedTrajectory  # noqa: E402
+from collapse_lab.drift_episodes import kept_episodes, near, pack
+from tir_rl.report.run_log import SavedTrajectory
 
 
 def _saved(steps: range, per_step: int = 2) -> list[SavedTrajectory]:
