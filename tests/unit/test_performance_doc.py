@@ -1,5 +1,6 @@
 """docs/performance.md quotes its tables from the kept records, as the commands print them."""
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -9,6 +10,12 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "performance.md").read_text()
 SHARED_PREFIX_RECORDS = ROOT / "bench" / "shared_prefix_records"
 PREFIX_CACHE_RECORDS = ROOT / "bench" / "prefix_cache_records"
+
+
+def bench_report(script: str) -> str:
+    """What `python bench/SCRIPT --report` prints: the bench's table from its kept records."""
+    command = [sys.executable, str(ROOT / "bench" / script), "--report"]
+    return subprocess.run(command, check=True, capture_output=True, text=True).stdout
 
 
 def table_lines(output: str, header: str, rows: int) -> list[str]:
@@ -33,24 +40,15 @@ def test_each_kept_prefix_cache_measurement_is_quoted_whole(record):
 
 
 def test_the_make_train_rows_are_the_reports():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        from lab_sft_train import report
-    finally:
-        sys.path.pop(0)
-    rows = [line for line in report().splitlines() if "trainer.packing" in line]
+    report = bench_report("lab_sft_train.py")
+    rows = [line for line in report.splitlines() if "trainer.packing" in line]
     assert len(rows) == 6  # both layouts, seeds 0-2
     for row in rows:
         assert row in DOC, row
 
 
 def test_the_agent_loop_rows_are_the_report():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        from agent_loop import report
-    finally:
-        sys.path.pop(0)
-    rows = report().splitlines()[2:]
+    rows = bench_report("agent_loop.py").splitlines()[2:]
     assert len(rows) == len(list((ROOT / "bench" / "agent_loop_records").glob("*.txt"))) >= 5
     for row in rows:
         assert row in DOC, row
