@@ -70,10 +70,20 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 def package_modules(root: Path = ROOT) -> dict[str, Path]:
-    """Every module of the installed package, by dotted name, from pyproject's layout."""
+    """Every module of tir_rl, by dotted name, from pyproject's layout.
+
+    `collapse_lab`, the collapse lab's library that pyproject installs beside it, is not
+    tir_rl: it may import any stage, and tir_rl never imports it.
+    """
     setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
     folders = {"tir_rl": root / "tir_rl"}
-    folders.update({pkg: root / folder for pkg, folder in setuptools["package-dir"].items()})
+    folders.update(
+        {
+            pkg: root / folder
+            for pkg, folder in setuptools["package-dir"].items()
+            if pkg.startswith("tir_rl.")
+        }
+    )
     modules: dict[str, Path] = {}
     for package, folder in folders.items():
         for path in folder.rglob("*.py"):
@@ -182,6 +192,25 @@ def test_no_module_imports_a_stage_above_its_own():
         if stage_of(dst) > stage_of(src)
     ]
     assert upward == []
+
+
+def imported_names(path: Path) -> set[str]:
+    """Every module name `path` imports (absolute imports, as written)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return names
+
+
+def test_the_product_never_imports_the_collapse_lab():
+    lab_imports = {
+        name: sorted(n for n in imported_names(path) if n.split(".")[0] == "collapse_lab")
+        for name, path in package_modules().items()
+    }
+    assert {name: found for name, found in lab_imports.items() if found} == {}
 
 
 # ------------------------------------------------------------------- the checker itself
