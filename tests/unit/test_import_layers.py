@@ -248,9 +248,7 @@ MAX_MODULE_LINES = 600
 
 
 def test_no_module_is_over_600_lines():
-    lengths = {
-        name: len(path.read_text().splitlines()) for name, path in package_modules().items()
-    }
+    lengths = {name: len(path.read_text().splitlines()) for name, path in package_modules().items()}
     assert {name: n for name, n in lengths.items() if n > MAX_MODULE_LINES} == {}
 
 
@@ -267,3 +265,16 @@ def test_code_vllm_runs_in_its_own_processes_sits_in_engine_in_vllm():
 
     for module in (gloo_receiver, layer_capture, server_guard):
         assert module.__name__.startswith("tir_rl.engine.in_vllm.")
+
+
+def test_every_package_folder_is_declared_in_pyproject():
+    """A sub-package left out of pyproject's list is missing from a built wheel (the GPU
+    machine installs one), while an editable install hides it."""
+    declared = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    folders = {
+        ".".join(("tir_rl", *p.parent.relative_to(ROOT / "tir_rl").parts))
+        for p in (ROOT / "tir_rl").rglob("__init__.py")
+    }
+    assert folders - declared == set()
