@@ -51,3 +51,35 @@ def test_the_guards_default_tilt_limit_is_the_one_the_kept_runs_choose():
     assert limit == DEFAULT_TILT_LIMIT
     default = CollapseGuard.Config()
     assert default.failure_tilt_limit == DEFAULT_TILT_LIMIT and default.smooth == 5
+
+
+def test_the_ess_deficit_is_vcpos_ratio_of_each_steps_trained_sequences(tmp_path):
+    """The study's ESS signal from a run's per-sequence records: 1 − ρ per update step."""
+    import gzip
+    import json
+    import math
+
+    from tir_rl.report.sequences import SEQUENCES_FILE
+
+    def record(step: int, log_ratio_sum: float, advantage: float | None = 1.0) -> dict:
+        return {
+            "step": step, "group_id": 0, "reward": 1.0, "advantage": advantage,
+            "model_tokens": 4, "kept_tokens": None, "is_weight_mean": None,
+            "log_ratio_sum": log_ratio_sum, "log_ratio_mean": log_ratio_sum / 4,
+            "log_ratio_min": 0.0, "log_ratio_max": 0.0, "lag_max": -1,
+        }  # fmt: skip
+
+    records = [
+        record(1, 0.0), record(1, 0.0),  # equal weights: ρ = 1
+        record(2, math.log(0.5)), record(2, math.log(2.0)),
+        record(2, 5.0, advantage=None),  # a scored-only batch's sequence: not trained, left out
+    ]  # fmt: skip
+    with gzip.open(tmp_path / f"{SEQUENCES_FILE}.gz", "wt") as out:
+        out.writelines(json.dumps(r) + "\n" for r in records)
+    run = Run("stale_x", 0, [], judge_run([]), tmp_path)
+    deficit = guard_signal.ess_deficit_by_step(run)
+    assert deficit[1] == pytest.approx(0.0, abs=1e-8)
+    assert deficit[2] == pytest.approx(1 - 2.5**2 / (4.25 * 2), rel=1e-6)
+    # and a guard on it fires where the deficit stays above its limit
+    fired = guard_signal.firing_steps(deficit, guard_signal.ESS_DEFICIT_KEY, 0.1, smooth=1)
+    assert fired == [2]
