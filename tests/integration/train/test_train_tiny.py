@@ -1,6 +1,8 @@
 """End to end on the tiny model: train, checkpoint, resume, eval, doctor (real vLLM, CPU)."""
 
+import importlib.util
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import gymnasium
@@ -156,15 +158,6 @@ def test_checkpoint_is_a_transformers_model_with_the_trained_weights(trained):
     assert changed, "two optimizer steps at lr 1e-3 must change the weights"
 
 
-def test_resume_continues_from_the_last_checkpoint(trained):
-    config = load_resume_config(trained.run_dir, ["run.steps=3"])
-    summary = run_train(config, resume=True)
-    assert summary.steps_done == 3
-    rows = [r for r in read_metrics(trained.run_dir / "metrics.jsonl") if "train/loss" in r]
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    assert latest_checkpoint(trained.run_dir).name == "step_3"
-
-
 def test_a_new_run_refuses_to_overwrite_checkpoints(trained):
     from tir_rl.errors import ConfigError
 
@@ -218,57 +211,85 @@ def test_a_run_in_which_no_episode_sampled_a_token_fails_with_the_episodes_error
     assert "the task server went away" in str(error.value)
 
 
+@dataclass(frozen=True)
+class ResumedRun:
+    """A 1-step KL-penalty run on MultiHop (W&B logging offline when wandb is installed),
+    resumed for 2 more steps on rewards that differ within a group."""
+
+    run_dir: Path
+    summary: object
+    """The resumed run's `TrainSummary`."""
+    first_rows: list
+    """The metrics rows before the resume."""
+    first_state: dict
+    """`trainer_state.json` of the first run's checkpoint."""
+    wandb_run_id: str | None
+    """None when wandb is not installed (the W&B test then skips)."""
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    """One run and its resume, read by the KL, W&B and resume tests."""
+    out = tmp_path_factory.mktemp("kl")
+    # Step 1 on MultiHop: every group is degenerate (reward 0), which a KL run keeps in the
+    # update (kl 0 skips such a step). It starts at the reference: KL 0.
+    settings = ["loss.kl_coef=0.1", "run.eval_tasks=1", "run.steps=1", "run.plot_every=1"]
+    wandb = importlib.util.find_spec("wandb") is not None
+    with pytest.MonkeyPatch.context() as patch:
+        if wandb:
+            for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+                patch.setenv(name, str(out / name.lower()))
+            patch.setenv("WANDB_SILENT", "true")
+            settings += ["run.loggers=[jsonl,wandb]", "wandb.mode=offline", "wandb.tags=[tiny]"]
+        summary = run_train(tiny_config(out, *settings, env_id="tir_rl/MultiHop-v0"))
+        run_dir = summary.run_dir
+        first_rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "train/skipped" in r]
+        first_state = json.loads((latest_checkpoint(run_dir) / "trainer_state.json").read_text())
+        run_id = (run_dir / "wandb_run_id").read_text().strip() if wandb else None
+        # Resumed on rewards that differ within a group: step 2 moves the policy away from the
+        # run's starting weights, and step 3 measures its KL to them (not to the resumed ones).
+        resume = load_resume_config(run_dir, ["run.steps=3", f"env.id={FAKE_ENV_ID}"])
+        resumed_summary = run_train(resume, resume=True)
+    return ResumedRun(run_dir, resumed_summary, first_rows, first_state, run_id)
+
+
+def test_resume_continues_from_the_last_checkpoint(resumed):
+    assert resumed.summary.steps_done == 3
+    rows = [r for r in read_metrics(resumed.run_dir / "metrics.jsonl") if "train/loss" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert latest_checkpoint(resumed.run_dir).name == "step_3"
+
+
 def test_wandb_offline_gets_the_config_rows_and_plots_and_resume_keeps_its_run(
-    tmp_path, monkeypatch
+    resumed, monkeypatch
 ):
     pytest.importorskip("wandb", reason='wandb is not installed (pip install "tir-rl[wandb]")')
     monkeypatch.syspath_prepend(str(Path(__file__).parents[2] / "unit"))
     from wandb_records import history, logged_config, read_records, run_files
 
-    for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
-        monkeypatch.setenv(name, str(tmp_path / name.lower()))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    wandb_settings = (
-        "run.loggers=[jsonl,wandb]", "wandb.mode=offline", "wandb.tags=[tiny]", "run.plot_every=1"
-    )
-    config = tiny_config(
-        tmp_path, "run.steps=1", "run.eval_tasks=1", *wandb_settings, env_id="tir_rl/MultiHop-v0"
-    )
-    run_dir = run_train(config).run_dir
-    run_id = (run_dir / "wandb_run_id").read_text().strip()
-    run_train(load_resume_config(run_dir, ["run.steps=2"]), resume=True)
+    run_dir, run_id = resumed.run_dir, resumed.wandb_run_id
     assert (run_dir / "wandb_run_id").read_text().strip() == run_id
-    first, resumed = run_files(run_dir)
-    assert first.name == resumed.name == f"run-{run_id}.wandb"
+    first, resumed_file = run_files(run_dir)
+    assert first.name == resumed_file.name == f"run-{run_id}.wandb"
     records = read_records(first)
     assert logged_config(records)["run"]["name"] == "tiny"
     assert logged_config(records)["wandb"]["tags"] == ["tiny"]
     rows = history(records)
     assert [r["step"] for r in rows if "train/skipped" in r] == ["1"]
     assert any("plots/reward._type" in r for r in rows)
-    assert [r["step"] for r in history(read_records(resumed)) if "train/skipped" in r] == ["2"]
+    later = history(read_records(resumed_file))
+    assert [r["step"] for r in later if "train/skipped" in r] == ["2", "3"]
     assert not (run_dir / "tensorboard").exists()
 
 
-def test_a_kl_penalty_run_keeps_degenerate_groups_and_resumes_with_its_reference(tmp_path):
-    # Step 1 on MultiHop: every group is degenerate (reward 0), which a KL run keeps in the
-    # update (kl 0 skips such a step: see above). It starts at the reference: KL 0.
-    kl = ("loss.kl_coef=0.1", "run.eval_tasks=1")
-    config = tiny_config(tmp_path, "run.steps=1", *kl, env_id="tir_rl/MultiHop-v0")
-    summary = run_train(config)
-    rows = [r for r in read_metrics(summary.run_dir / "metrics.jsonl") if "train/skipped" in r]
+def test_a_kl_penalty_run_keeps_degenerate_groups_and_resumes_with_its_reference(resumed):
+    rows = resumed.first_rows
     assert rows[0]["train/skipped"] == 0.0 and rows[0]["train/dropped_episodes"] == 0.0
     assert rows[0]["train/degenerate_groups"] == 2.0
     assert rows[0]["train/ref_kl"] == 0.0
-    state = json.loads((latest_checkpoint(summary.run_dir) / "trainer_state.json").read_text())
-    assert state["reference"]["model"] == "tiny"
-    assert state["reference"]["path"] == str(prepare_tiny_model())
-
-    # Resumed on rewards that differ within a group: step 2 moves the policy away from the
-    # run's starting weights, and step 3 measures its KL to them (not to the resumed ones).
-    resume = load_resume_config(summary.run_dir, ["run.steps=3", f"env.id={FAKE_ENV_ID}"])
-    run_train(resume, resume=True)
-    rows = [r for r in read_metrics(summary.run_dir / "metrics.jsonl") if "train/skipped" in r]
+    assert resumed.first_state["reference"]["model"] == "tiny"
+    assert resumed.first_state["reference"]["path"] == str(prepare_tiny_model())
+    rows = [r for r in read_metrics(resumed.run_dir / "metrics.jsonl") if "train/skipped" in r]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert rows[1]["train/skipped"] == 0.0 and rows[2]["train/skipped"] == 0.0
     assert rows[2]["train/ref_kl"] > 0
