@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from trainer_helpers import make_batch
@@ -13,8 +11,11 @@ from tir_rl.trainer import checkpoint
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
-def test_vllm_loads_the_saved_model_and_agrees_with_the_trainer(make_trainer, tmp_path):
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+def test_vllm_loads_the_saved_model_and_agrees_with_the_trainer(
+    make_trainer, tmp_path, monkeypatch
+):
+    # vLLM in this process, for this test only (the worker's later engines keep their own)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     vllm = pytest.importorskip("vllm")
     trainer = make_trainer(lr=1e-2)
     batch = make_batch()
