@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trainer_helpers import make_group_batch
+from trainer_helpers import make_group_batch, with_sampler_logprobs
 
 from tir_rl.errors import ConfigError
 from tir_rl.trainer import Trainer
@@ -86,3 +86,35 @@ def test_shared_prefix_is_refused_with_an_attention_that_ignores_its_mask(tiny_m
             model=str(tiny_model_path), packing=Packing.SHARED_PREFIX,
             attn_implementation="eager",
         ).validate()  # fmt: skip
+
+
+def test_gspo_has_the_same_update_shared_or_packed(make_trainer):
+    """GSPO's sequence ratio needs each sequence whole in its micro-batch, which the two layouts
+    cut differently (a ratio taken over a micro-batch turns this red). The per-token losses
+    (DPPO, CISPO) read the same per-token ratios as GRPO's test above. The ratio is taken
+    against the sampler (bypass), so that the sequence clip acts."""
+    from tir_rl.mismatch import BypassMode, MismatchCorrection
+    from tir_rl.trainer.loss import LossName, PolicyLossConfig, build_policy_loss
+
+    trainers = [
+        make_trainer(micro_batch_tokens=40, packing=p)
+        for p in (Packing.PACKED, Packing.SHARED_PREFIX)
+    ]
+    batch = make_group_batch(seed=3)
+    exact = trainers[0].compute_logprobs(batch)
+    gen = torch.Generator().manual_seed(0)
+    sampler = exact + 0.3 * torch.randn(exact.shape, generator=gen)  # a sampler that is off
+    batch = with_sampler_logprobs(batch, sampler)
+    advantages = torch.linspace(-1.0, 1.0, batch.num_sequences)
+    bypass = MismatchCorrection(MismatchCorrection.Config(bypass=BypassMode.PPO_CLIP))
+    results = []
+    for trainer in trainers:
+        trainer.loss_fn = build_policy_loss(PolicyLossConfig(name=LossName.GSPO))
+        trainer.correction = bypass
+        results.append(step_with_gradients(trainer, batch, advantages))
+    (packed, packed_grads), (shared, shared_grads) = results
+    assert packed.loss == pytest.approx(shared.loss, rel=1e-5, abs=1e-7)
+    for got, want in zip(shared_grads, packed_grads, strict=True):
+        assert (got - want).norm() <= 1e-5 * want.norm() + 1e-9
+    held = packed.metrics["train/clip_fraction_low"] + packed.metrics["train/clip_fraction_high"]
+    assert held > 0  # the sequence clip acted on this batch
