@@ -8,7 +8,10 @@ With `TIR_TEST_RANK_DIR` set, each rank writes its output to `rank{R}.log`, its 
 `rank{R}.pid`, its node rank and the ranks on its node to `rank{R}.place`, and its exit
 status to `rank{R}.exit` there (no `.exit` file: the rank was
 killed). With `TIR_TEST_PARITY_FAILS_AT_SYNC=N`, the N-th parity probe of the run (1-based)
-raises a ParityError, as a real sampler/trainer disagreement would.
+raises a ParityError, as a real sampler/trainer disagreement would. With
+`TIR_TEST_HOLD_BEFORE_STEP=N`, rank 0 waits before taking step N until the file
+`interrupt_sent` appears in the rank folder (the test writes it once it has sent Ctrl-C), so
+that the interrupt lands between steps N-1 and N however fast the steps are.
 
 Usage: python -m torch.distributed.run --nproc-per-node 2 fsdp2_train_worker.py train ...
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 import gymnasium
@@ -52,6 +56,19 @@ def _record_trajectories() -> None:
     rank0.Rank0Driver.take_step = recording_take_step
 
 
+def _hold_before(step_number: int, rank_dir: Path) -> None:
+    take_step = rank0.Rank0Driver.take_step
+
+    def held_take_step(self, step, **kwargs):
+        if step + 1 == step_number:
+            deadline = time.monotonic() + 300
+            while not (rank_dir / "interrupt_sent").exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        return take_step(self, step, **kwargs)
+
+    rank0.Rank0Driver.take_step = held_take_step
+
+
 def _fail_parity_at(sync: int) -> None:
     probe = parity.probe_parity
     calls = 0
@@ -72,6 +89,9 @@ def main(argv: list[str]) -> int:
     if "TIR_TEST_PARITY_FAILS_AT_SYNC" in os.environ:
         _fail_parity_at(int(os.environ["TIR_TEST_PARITY_FAILS_AT_SYNC"]))
     rank_dir = os.environ.get("TIR_TEST_RANK_DIR")
+    if "TIR_TEST_HOLD_BEFORE_STEP" in os.environ:
+        assert rank_dir is not None, "TIR_TEST_HOLD_BEFORE_STEP needs TIR_TEST_RANK_DIR"
+        _hold_before(int(os.environ["TIR_TEST_HOLD_BEFORE_STEP"]), Path(rank_dir))
     if rank_dir is None:
         return cli.main(argv)
     rank = os.environ.get("RANK", "0")

@@ -253,12 +253,14 @@ def interrupted(tmp_path_factory) -> tuple[Path, list[RankOutcome]]:
     """The two-node run of `run_dir` made asynchronous (k = 2), Ctrl-C'd once step 1 is
     logged: SIGINT to node 0's process group only, as a terminal's Ctrl-C on node 0."""
     out = tmp_path_factory.mktemp("interrupted")
-    launches = _start(out, *ASYNC, nodes=True)
+    # Rank 0 holds before step 2 until told the signal is out: a fast step 2 cannot slip in.
+    launches = _start(out, *ASYNC, nodes=True, TIR_TEST_HOLD_BEFORE_STEP="2")
     metrics = out / "fsdp2_cpu" / "metrics.jsonl"
     deadline = time.monotonic() + 480
     while launches[0].poll() is None and time.monotonic() < deadline:
         if metrics.exists() and _train_rows(metrics.parent):
             os.killpg(launches[0].pid, signal.SIGINT)
+            (out / "ranks" / "interrupt_sent").touch()
             break
         time.sleep(0.2)
     return out, _finish(launches, out, timeout_s=120)

@@ -106,14 +106,16 @@ def test_update_logprobs_of_model_tokens_alone_equal_the_full_path_in_values_and
         keep = mb.token_mask(batch.loss_mask)
         weights = torch.randn(int(keep.sum()), generator=generator).to(trainer.device)
 
-        full_logprobs, full_entropy = trainer.forward.token_stats(trainer.model, mb, entropy=True)
+        full = trainer.forward.token_stats(trainer.model, mb, entropy=True)
+        full_logprobs, full_entropy = full.logprobs, full.entropy
         (full_logprobs[keep.to(trainer.device)] * weights).sum().backward()
         want_grads = [p.grad.clone() for p in params]
         trainer.model.zero_grad(set_to_none=True)
         num_full += columns[-1]
 
         kept = mb.select_tokens(keep)
-        logprobs, entropy = trainer.forward.token_stats(trainer.model, kept, entropy=True)
+        stats = trainer.forward.token_stats(trainer.model, kept, entropy=True)
+        logprobs, entropy = stats.logprobs, stats.entropy
         (logprobs * weights).sum().backward()
         num_model += columns[-1]
 
