@@ -156,7 +156,7 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="the kept records as a table")
     parser.add_argument(
         "--prefix-caching", choices=("default", "on", "off"), default="default",
-        help="engine.enable_prefix_caching (default: the engine's, on in float32)",
+        help="engine.local.enable_prefix_caching (default: the engine's, on in float32)",
     )  # fmt: skip
     args = parser.parse_args()
     if args.report:

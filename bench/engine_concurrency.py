@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,2,4,8,16,32,64", help="comma-separated")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--cpu-cores", help="engine.cpu_cores (default: every core)")
+    parser.add_argument("--cpu-cores", help="engine.local.cpu_cores (default: every core)")
     parser.add_argument("--json", type=Path, help="write the curve here")
     args = parser.parse_args()
 

@@ -8,13 +8,13 @@ first arm. A measurement is one training step's rollout: `--tasks` × `--group` 
 episodes at the config's horizon.
 
     python bench/lab_rollout_settings.py                       # reserved cores 0 vs 1
-    python bench/lab_rollout_settings.py --arm "" --arm "engine.block_size=64" --rounds 3
+    python bench/lab_rollout_settings.py --arm "" --arm "engine.local.block_size=64" --rounds 3
 
 Measured on the shared 2-core CPU machine (8 tasks x 8 samples, horizon 4, 2 rounds, while
 another session's tests ran at nice 15), per measurement in round order:
 
-    engine.cpu_reserved_cores=0   488, 835 tok/s   (median 661)
-    engine.cpu_reserved_cores=1   654, 575 tok/s   (median 614, ratio 0.93)
+    engine.local.cpu_reserved_cores=0   488, 835 tok/s   (median 661)
+    engine.local.cpu_reserved_cores=1   654, 575 tok/s   (median 614, ratio 0.93)
 
 Inconclusive under that load: with one reserved core the engine computes on one thread
 (about 600-650 tok/s, steadier under load); with none it reached 835 tok/s in the quieter
@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=8)
     parser.add_argument("--group", type=int, default=8)
     args = parser.parse_args()
-    arms = args.arm or ["engine.cpu_reserved_cores=0", "engine.cpu_reserved_cores=1"]
+    arms = args.arm or ["engine.local.cpu_reserved_cores=0", "engine.local.cpu_reserved_cores=1"]
     results: dict[str, list[dict[str, float]]] = {arm: [] for arm in arms}
     for round_index in range(args.rounds):
         for arm in arms:

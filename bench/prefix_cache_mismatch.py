@@ -62,8 +62,8 @@ def main() -> None:
             sets = [
                 *args.set,
                 f"engine.dtype={dtype}",
-                f"engine.enable_prefix_caching={str(cache).lower()}",
-                f"engine.block_size={args.block_size}",
+                f"engine.local.enable_prefix_caching={str(cache).lower()}",
+                f"engine.local.block_size={args.block_size}",
                 "run.parity_tolerance=1.0",
             ]
             rows.append(

@@ -86,12 +86,12 @@ def static_findings(config: RunConfig, *, tie_word_embeddings: bool | None) -> l
             "logits are the largest single source of mismatch on rare tokens",
             "run the sampler in float32 (engine.dtype=float32) where memory allows",
         ))  # fmt: skip
-    if not engine.clear_kv_on_update:
+    if not engine.local.clear_kv_on_update:
         out.append(Finding(
             "KV across weight updates", Verdict.WARN,
-            "engine.clear_kv_on_update=false: tokens sampled after an update attend to keys "
+            "engine.local.clear_kv_on_update=false: tokens sampled after an update attend to keys "
             "and values the old weights computed, and cached prefixes outlive the update",
-            "--set engine.clear_kv_on_update=true, or compare mismatch/lag_0 with it on",
+            "--set engine.local.clear_kv_on_update=true, or compare mismatch/lag_0 with it on",
         ))  # fmt: skip
     out.append(_prefix_caching_finding(config))
     out.append(_staleness_finding(config))
@@ -129,7 +129,7 @@ def _prefix_caching_finding(config: RunConfig) -> Finding:
         "prefix caching", Verdict.WARN,
         f"on, {engine.dtype} sampler: in bfloat16 a cache hit multiplied the k3 mismatch by "
         "1.06, 2.3 and 24 on three seeds (docs/performance.md); measured on this model below",
-        f"--set engine.enable_prefix_caching=false (the default for {engine.dtype}), or keep "
+        f"--set engine.local.enable_prefix_caching=false (the default for {engine.dtype}), or keep "
         "a per-token correction on and compare mismatch/k3_kl with the cache off",
     )  # fmt: skip
 

@@ -406,7 +406,7 @@ def _inference_path_finding(paths: InferencePathReport, prefix_caching: bool | N
     elif paths.num_cached_prompt_tokens == 0:
         cache = (
             f"prefix caching on, but none of the {paths.num_context_tokens} context tokens "
-            "came from the cache (shorter than a KV block: engine.block_size)"
+            "came from the cache (shorter than a KV block: engine.local.block_size)"
         )
     else:
         of = paths.num_cached_prompt_tokens
@@ -425,7 +425,9 @@ def _inference_path_finding(paths: InferencePathReport, prefix_caching: bool | N
         return Finding(check, Verdict.PASS, detail)
     causes = []
     if from_cache > PROBE_EXACT:
-        causes.append("a prefix-cache hit changes the logprobs: engine.enable_prefix_caching=false")
+        causes.append(
+            "a prefix-cache hit changes the logprobs: engine.local.enable_prefix_caching=false"
+        )
     if paths.max_abs_diff_batched > PROBE_EXACT:
         causes.append(
             "the batch a request runs in changes its logprobs (batch-variant kernels, async "

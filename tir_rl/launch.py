@@ -24,7 +24,6 @@ Why torchrun, `vllm serve` and Slurm rather than Ray: docs/design.md ("Scaling o
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import shlex
@@ -77,7 +76,7 @@ class LaunchPlan:
 def trainer_config(config: RunConfig) -> dict[str, Any]:
     """`config` as a tree whose engine section keeps only what applies to servers.
 
-    The local engine's keys (context length, KV cache, prefix caching, ...) are the
+    The local engine's section (context length, KV cache, prefix caching, ...) is the
     servers' command-line flags now; the trainer gets the keys it checks against the
     servers (`engine.engine_config.HTTP_KEYS`). The pool's addresses, its weights folder and
     `engine.kind: http` are given with `--set` (they differ between launches).
@@ -118,7 +117,7 @@ def new_run_secret(folder: Path) -> Path:
 
 def server_plans(config: RunConfig, ports: Sequence[int], log_dir: Path) -> list[ServerPlan]:
     """One `vllm serve` on loopback per port, with the config's local engine flags."""
-    local = dataclasses.replace(config.engine, kind=EngineKind.LOCAL)
+    local = config.engine.local_config()
     return [
         ServerPlan(
             url=f"http://127.0.0.1:{port}",
@@ -302,7 +301,7 @@ def slurm_script(
             "the same path (or set engine.weight_transfer=nccl to send the weights over NCCL)"
         )
     trainer_config(config)  # refuses a config that is not a local engine's
-    local = dataclasses.replace(config.engine, kind=EngineKind.LOCAL)
+    local = config.engine.local_config()
     serve = shlex.join(serve_command(local, host="0.0.0.0", port=port, python=python))
     train = shlex.join([python, "-m", "tir_rl.cli", "train", "--config", str(config_path)])
     if nproc_per_node > 1:

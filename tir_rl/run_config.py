@@ -108,8 +108,8 @@ class RunSection:
     seed: int = 0
     """The run's seed. It seeds the task stream (the task of group index g is a function of
     seed and g; with `max_staleness` 0, step s trains on groups s·tasks_per_step ...
-    (s+1)·tasks_per_step − 1) and every other random source left unset: `engine.seed` (the
-    sampler's draws; with `engine.kind: http` the server's `--seed` decides them),
+    (s+1)·tasks_per_step − 1) and every other random source left unset: `engine.local.seed`
+    (the sampler's draws; with `engine.kind: http` the server's `--seed` decides them),
     `trainer.seed` and `inject.noise_seed`. A value set in those sections is kept. The
     held-out tasks do not depend on it, so runs of several seeds are evaluated on the same
     tasks."""
@@ -357,32 +357,33 @@ class RunConfig:
             self._follow_batch_invariant_kernels()
         if self.trainer.kernels != "vllm_cpu":
             return
-        if self.engine.kind is not EngineKind.LOCAL or self.engine.cpu_attention_split_kv:
+        if self.engine.kind is not EngineKind.LOCAL or self.engine.local.cpu_attention_split_kv:
             raise ConfigError(
                 "trainer.kernels vllm_cpu matches a local vLLM-CPU engine that does not split "
                 "its attention's keys over threads; this config has engine.kind "
-                f"{self.engine.kind} and engine.cpu_attention_split_kv "
-                f"{self.engine.cpu_attention_split_kv}. Use engine.kind local and leave "
-                "engine.cpu_attention_split_kv unset, or trainer.kernels torch."
+                f"{self.engine.kind} and engine.local.cpu_attention_split_kv "
+                f"{self.engine.local.cpu_attention_split_kv}. Use engine.kind local and leave "
+                "engine.local.cpu_attention_split_kv unset, or trainer.kernels torch."
             )
-        self.engine = dataclasses.replace(self.engine, cpu_attention_split_kv=False)
+        self.engine = self.engine.with_local(cpu_attention_split_kv=False)
 
     def _follow_batch_invariant_kernels(self) -> None:
         """The trainer's batch-invariant kernels go with the local engine's, named once."""
-        if self.engine.kind is not EngineKind.LOCAL or self.engine.batch_invariant is False:
+        if self.engine.kind is not EngineKind.LOCAL or self.engine.local.batch_invariant is False:
             raise ConfigError(
                 "trainer.kernels batch_invariant starts the run's local engine in vLLM's "
                 f"batch-invariant mode; this config has engine.kind {self.engine.kind} and "
-                f"engine.batch_invariant {self.engine.batch_invariant}. Use engine.kind local "
-                "and leave engine.batch_invariant unset, or trainer.kernels torch."
+                f"engine.local.batch_invariant {self.engine.local.batch_invariant}. Use "
+                "engine.kind local and leave engine.local.batch_invariant unset, or "
+                "trainer.kernels torch."
             )
-        self.engine = dataclasses.replace(self.engine, batch_invariant=True)
+        self.engine = self.engine.with_local(batch_invariant=True)
 
     def _follow_run_seed(self) -> None:
         """Seed every random source left unset from `run.seed` (the saved config is explicit)."""
         seed = self.run.seed
-        if self.engine.seed is None and self.engine.kind is EngineKind.LOCAL:
-            self.engine = dataclasses.replace(self.engine, seed=seed)
+        if self.engine.local.seed is None and self.engine.kind is EngineKind.LOCAL:
+            self.engine = self.engine.with_local(seed=seed)
         if self.trainer.seed is None:
             self.trainer.seed = seed
         if self.inject.noise_seed is None:

@@ -112,7 +112,7 @@ def _stand_ins() -> None:
     functional = module("verl.utils.torch_functional")
     functional.masked_sum, functional.masked_mean = _sum_where, _mean_where
     functional.allgather_dict_into_list = lambda local, group=None: list(local)  # one process
-    module("verl.utils.import_utils").deprecated = lambda *a, **k: (lambda f: f)
+    module("verl.utils.import_utils").deprecated = lambda *a, **k: lambda f: f
     module("verl.trainer")
     module("verl.trainer.config").AlgoConfig = type("AlgoConfig", (), {})
     module("verl.workers")

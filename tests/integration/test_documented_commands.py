@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TIR_RL = Path(sys.executable).parent / "tir-rl"
 SHRINK = (
     "model=tiny",
-    "engine.max_model_len=2048",
-    "engine.kv_cache_gib=0.25",
+    "engine.local.max_model_len=2048",
+    "engine.local.kv_cache_gib=0.25",
     "rollout.max_tokens_per_turn=16",
     "run.steps=1",
     "trainer.warmup_steps=0",  # a warm-up longer than the one step is refused
@@ -34,8 +34,8 @@ SHRINK = (
 
 
 SHRINK_EVAL = (
-    "engine.max_model_len=2048",
-    "engine.kv_cache_gib=0.25",
+    "engine.local.max_model_len=2048",
+    "engine.local.kv_cache_gib=0.25",
     "rollout.max_tokens_per_turn=16",
     "run.eval_tasks=1",
 )

@@ -253,7 +253,6 @@ def test_an_agent_env_is_not_a_gymnasium_env_and_picks_tasks_as_a_tool_env_reset
 def test_the_agents_server_is_closed_by_whoever_made_it(tokenizer):
     import httpx
 
-
     def answers(url: str) -> bool:
         try:
             return httpx.get(f"{url}/health", timeout=5).status_code < 500

@@ -149,12 +149,12 @@ def test_vllm_kernels_in_the_trainer_turn_the_engines_kv_split_off_and_refuse_it
 
     parity = ["trainer.kernels=vllm_cpu", "trainer.packing=packed"]
     cfg = config.load(RunConfig, None, parity)
-    assert cfg.engine.cpu_attention_split_kv is False
-    assert config.load(RunConfig, None, []).engine.cpu_attention_split_kv is None
-    with pytest.raises(ConfigError, match="engine.cpu_attention_split_kv True"):
-        config.load(RunConfig, None, [*parity, "engine.cpu_attention_split_kv=true"])
+    assert cfg.engine.local.cpu_attention_split_kv is False
+    assert config.load(RunConfig, None, []).engine.local.cpu_attention_split_kv is None
+    with pytest.raises(ConfigError, match="engine.local.cpu_attention_split_kv True"):
+        config.load(RunConfig, None, [*parity, "engine.local.cpu_attention_split_kv=true"])
     os.environ.pop("VLLM_CPU_ATTN_SPLIT_KV", None)
-    with cpu_platform.thread_environment(cfg.engine):  # what the engine core inherits
+    with cpu_platform.thread_environment(cfg.engine.local):  # what the engine core inherits
         assert os.environ["VLLM_CPU_ATTN_SPLIT_KV"] == "0"
     assert "VLLM_CPU_ATTN_SPLIT_KV" not in os.environ
 
@@ -193,9 +193,11 @@ def test_run_seed_seeds_every_random_source_left_unset():
     from tir_rl.run_config import RunConfig
 
     seeded = config.load(RunConfig, None, ["run.seed=3"])
-    assert (seeded.engine.seed, seeded.trainer.seed, seeded.inject.noise_seed) == (3, 3, 3)
-    given = config.load(RunConfig, None, ["run.seed=3", "engine.seed=7", "inject.noise_seed=0"])
-    assert (given.engine.seed, given.trainer.seed, given.inject.noise_seed) == (7, 3, 0)
+    assert (seeded.engine.local.seed, seeded.trainer.seed, seeded.inject.noise_seed) == (3, 3, 3)
+    given = config.load(
+        RunConfig, None, ["run.seed=3", "engine.local.seed=7", "inject.noise_seed=0"]
+    )
+    assert (given.engine.local.seed, given.trainer.seed, given.inject.noise_seed) == (7, 3, 0)
 
 
 def test_degenerate_groups_follow_the_kl_penalty_and_dropping_them_beside_one_is_refused():
@@ -246,10 +248,10 @@ def test_batch_invariant_kernels_start_the_engine_batch_invariant_and_refuse_the
         "trainer.packing=packed",
         "trainer.attn_implementation=eager",
     ]
-    assert config.load(RunConfig, None, invariant).engine.batch_invariant is True
-    assert config.load(RunConfig, None, []).engine.batch_invariant is None
-    with pytest.raises(ConfigError, match="engine.batch_invariant False"):
-        config.load(RunConfig, None, [*invariant, "engine.batch_invariant=false"])
+    assert config.load(RunConfig, None, invariant).engine.local.batch_invariant is True
+    assert config.load(RunConfig, None, []).engine.local.batch_invariant is None
+    with pytest.raises(ConfigError, match="engine.local.batch_invariant False"):
+        config.load(RunConfig, None, [*invariant, "engine.local.batch_invariant=false"])
     with pytest.raises(ConfigError, match="trainer.attn_implementation sdpa"):
         config.load(RunConfig, None, invariant[:2])
     with pytest.raises(ConfigError, match="trainer.packing shared_prefix"):

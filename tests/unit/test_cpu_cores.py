@@ -1,4 +1,4 @@
-"""CPU core sets (`engine.cpu_cores`, `trainer.cpu_cores`): parsing, refusals and pinning."""
+"""CPU core sets (`engine.local.cpu_cores`, `trainer.cpu_cores`): parsing, refusals and pinning."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_a_bad_cpu_list_is_refused_with_the_setting_named(four_cores, text, said
     with pytest.raises(ConfigError, match="trainer.cpu_cores") as error:
         Trainer.Config(cpu_cores=text).validate()
     assert said in str(error.value)
-    with pytest.raises(ConfigError, match="engine.cpu_cores"):
+    with pytest.raises(ConfigError, match="engine.local.cpu_cores"):
         VLLMLocalEngine.Config(model_path="tiny", cpu_cores=text).validate()
 
 

@@ -50,7 +50,7 @@ def test_each_known_source_of_mismatch_is_flagged_with_a_fix():
         None,
         [
             "engine.dtype=bfloat16",
-            "engine.enable_prefix_caching=true",
+            "engine.local.enable_prefix_caching=true",
         ],
     )
     findings = {f.check: f for f in static_findings(config, tie_word_embeddings=True)}
@@ -212,7 +212,7 @@ def test_staleness_is_checked_against_the_correction():
     finding = next(f for f in static_findings(narrow, tie_word_embeddings=False)
                    if f.check == "staleness")  # fmt: skip
     assert finding.verdict is Verdict.WARN and "token_tis" in finding.fix
-    kept = load(RunConfig, None, ["engine.clear_kv_on_update=false"])
+    kept = load(RunConfig, None, ["engine.local.clear_kv_on_update=false"])
     assert verdicts(kept)["KV across weight updates"] is Verdict.WARN
 
 

@@ -77,8 +77,12 @@ def test_sequence_mean_averages_each_sequence_then_over_sequences():
     loss, _ = GRPOLoss(terms=cfg)(logprobs, old_logprobs=old, advantages=adv, loss_mask=mask)
     token_loss = GRPOLoss()
     per_seq = [
-        token_loss(logprobs[b : b + 1], old_logprobs=old[b : b + 1], advantages=adv[b : b + 1],
-                   loss_mask=mask[b : b + 1])[0]
+        token_loss(
+            logprobs[b : b + 1],
+            old_logprobs=old[b : b + 1],
+            advantages=adv[b : b + 1],
+            loss_mask=mask[b : b + 1],
+        )[0]
         for b in range(3)
     ]
     assert loss.item() == pytest.approx(sum(x.item() for x in per_seq) / 3, rel=1e-6)
@@ -90,13 +94,19 @@ def test_asymmetric_clip_stops_gradient_only_outside_its_own_bound():
     mask = torch.ones(1, 4)
     cfg = GRPOLoss.Config(clip_low=0.2, clip_high=0.28)
     # A > 0: r = 1.25 is inside the upper bound 1.28 (gradient), 1.3 is clipped (none).
-    _, grad = loss_and_grad(GRPOLoss(cfg), ratios.log(), old_logprobs=old,
-                            advantages=torch.tensor([1.0]), loss_mask=mask)
+    _, grad = loss_and_grad(
+        GRPOLoss(cfg),
+        ratios.log(),
+        old_logprobs=old,
+        advantages=torch.tensor([1.0]),
+        loss_mask=mask,
+    )
     assert grad[0, 0] != 0 and grad[0, 1] == 0 and grad[0, 2] != 0 and grad[0, 3] != 0
     # A < 0: r = 0.85 is above the lower bound 0.8 (gradient), 0.75 is clipped (none).
     loss_fn = GRPOLoss(cfg)
-    _, grad = loss_and_grad(loss_fn, ratios.log(), old_logprobs=old,
-                            advantages=torch.tensor([-1.0]), loss_mask=mask)
+    _, grad = loss_and_grad(
+        loss_fn, ratios.log(), old_logprobs=old, advantages=torch.tensor([-1.0]), loss_mask=mask
+    )
     assert grad[0, 0] != 0 and grad[0, 1] != 0 and grad[0, 2] != 0 and grad[0, 3] == 0
     _, m = loss_fn(ratios.log(), old_logprobs=old, advantages=torch.tensor([-1.0]), loss_mask=mask)
     assert m.clip_fraction_low == 0.25 and m.clip_fraction_high == 0.0
@@ -109,13 +119,20 @@ def test_asymmetric_clip_stops_gradient_only_outside_its_own_bound():
 def test_two_micro_batches_with_global_normalizer_equal_one_batch(aggregation):
     logprobs, old, adv, mask = make_batch(seed=3)
     loss_fn = GRPOLoss(terms=LossTerms(aggregation=aggregation))
-    full_loss, full_grad = loss_and_grad(loss_fn, logprobs, old_logprobs=old, advantages=adv,
-                                         loss_mask=mask)
+    full_loss, full_grad = loss_and_grad(
+        loss_fn, logprobs, old_logprobs=old, advantages=adv, loss_mask=mask
+    )
     counts = {"num_global_tokens": int(mask.sum()), "num_global_sequences": 3}
     total, grads = 0.0, []
     for rows in (slice(0, 1), slice(1, 3)):
-        loss, grad = loss_and_grad(loss_fn, logprobs[rows], old_logprobs=old[rows],
-                                   advantages=adv[rows], loss_mask=mask[rows], **counts)
+        loss, grad = loss_and_grad(
+            loss_fn,
+            logprobs[rows],
+            old_logprobs=old[rows],
+            advantages=adv[rows],
+            loss_mask=mask[rows],
+            **counts,
+        )
         total += loss.item()
         grads.append(grad)
     assert total == pytest.approx(full_loss.item(), rel=1e-6)
@@ -131,8 +148,9 @@ def test_garbage_at_masked_positions_changes_neither_loss_nor_gradient():
     ]
     dirty_old[holes] = float("nan")
     clean = loss_and_grad(GRPOLoss(), logprobs, old_logprobs=old, advantages=adv, loss_mask=mask)
-    dirty = loss_and_grad(GRPOLoss(), dirty_lp, old_logprobs=dirty_old, advantages=adv,
-                          loss_mask=mask)
+    dirty = loss_and_grad(
+        GRPOLoss(), dirty_lp, old_logprobs=dirty_old, advantages=adv, loss_mask=mask
+    )
     assert torch.equal(clean[0], dirty[0])
     assert torch.equal(clean[1], dirty[1])
     assert torch.all(dirty[1][holes] == 0)
@@ -160,8 +178,9 @@ def test_dual_clip_caps_negative_advantage_loss():
     old = torch.zeros(1, 2)
     lp = torch.tensor([[math.log(10.0), math.log(2.0)]])
     loss_fn = GRPOLoss(GRPOLoss.Config(dual_clip=3.0))
-    loss, grad = loss_and_grad(loss_fn, lp, old_logprobs=old, advantages=torch.tensor([-1.0]),
-                               loss_mask=torch.ones(1, 2))
+    loss, grad = loss_and_grad(
+        loss_fn, lp, old_logprobs=old, advantages=torch.tensor([-1.0]), loss_mask=torch.ones(1, 2)
+    )
     assert loss.item() == pytest.approx((3.0 + 2.0) / 2, rel=1e-6)
     assert grad[0, 0] == 0 and grad[0, 1] != 0
 

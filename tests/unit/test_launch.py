@@ -20,9 +20,9 @@ from tir_rl.run_config import RunConfig
 
 LOCAL = [
     "model=tiny",
-    "engine.max_model_len=1024",
-    "engine.kv_cache_gib=0.5",
-    "engine.enable_prefix_caching=true",
+    "engine.local.max_model_len=1024",
+    "engine.local.kv_cache_gib=0.5",
+    "engine.local.enable_prefix_caching=true",
     "engine.dtype=float32",
 ]
 
@@ -61,7 +61,9 @@ def test_servers_get_the_local_engine_flags_and_the_trainer_gets_the_pool(tmp_pa
 
 
 def test_the_servers_get_the_kv_block_size_the_token_budget_and_the_dtypes_prefix_cache(tmp_path):
-    sized = _config(tmp_path, "engine.block_size=32", "engine.max_num_batched_tokens=4096")
+    sized = _config(
+        tmp_path, "engine.local.block_size=32", "engine.local.max_num_batched_tokens=4096"
+    )
     flags = plan_local_launch(sized, servers=1, ports=[9001], weights_dir=tmp_path).servers[0]
     assert flags.command[flags.command.index("--block-size") + 1] == "32"
     assert flags.command[flags.command.index("--max-num-batched-tokens") + 1] == "4096"
@@ -69,7 +71,7 @@ def test_the_servers_get_the_kv_block_size_the_token_budget_and_the_dtypes_prefi
                            ("bfloat16", "--no-enable-prefix-caching")):  # fmt: skip
         sets = ["model=tiny", f"engine.dtype={dtype}", f"run.out_dir={tmp_path}"]
         config = load(RunConfig, None, sets)
-        assert config.engine.enable_prefix_caching is None
+        assert config.engine.local.enable_prefix_caching is None
         server = plan_local_launch(config, servers=1, ports=[9001], weights_dir=tmp_path)
         assert caching in server.servers[0].command
 

@@ -64,8 +64,17 @@ def all_modes():
         ("turn_tis_norm", Config.preset("turn_tis", batch_normalize=True)),
         ("seq_mis_norm", Config.preset("seq_mis", batch_normalize=True, is_cap_low=0.5)),
         ("vetoes", Config(veto_threshold=1e-4, seq_max_k2=0.5, seq_mean_k3=0.01)),
-        ("everything", Config(is_level=ISLevel.TURN, token_mask=(0.5, 2), turn_mask=(0.5, 2),
-                              seq_mask=(0.5, 2), geo_mask=(0.999, 1.001), veto_threshold=1e-4)),
+        (
+            "everything",
+            Config(
+                is_level=ISLevel.TURN,
+                token_mask=(0.5, 2),
+                turn_mask=(0.5, 2),
+                seq_mask=(0.5, 2),
+                geo_mask=(0.999, 1.001),
+                veto_threshold=1e-4,
+            ),
+        ),
     ]
     return modes
 
@@ -82,8 +91,9 @@ def test_identity_gives_plain_grpo_bitwise(name, config, aggregation):
     loss_fn = GRPOLoss(terms=LossTerms(aggregation=aggregation))
     common = {"old_logprobs": old, "advantages": adv}
     plain = loss_and_grad(loss_fn, logprobs, loss_mask=mask, **common)
-    corrected = loss_and_grad(loss_fn, logprobs, loss_mask=result.loss_mask,
-                              weights=result.weights, **common)
+    corrected = loss_and_grad(
+        loss_fn, logprobs, loss_mask=result.loss_mask, weights=result.weights, **common
+    )
     assert torch.equal(plain[0], corrected[0])
     assert torch.equal(plain[1], corrected[1])
 
@@ -96,8 +106,9 @@ def test_identity_in_bypass_mode_gives_plain_loss_bitwise():
     assert torch.equal(result.weights, mask) and torch.equal(result.loss_mask, mask)
     loss_fn, common = GRPOLoss(), {"old_logprobs": logprobs, "advantages": adv}
     plain = loss_and_grad(loss_fn, logprobs, loss_mask=mask, **common)
-    corrected = loss_and_grad(loss_fn, logprobs, loss_mask=result.loss_mask,
-                              weights=result.weights, **common)
+    corrected = loss_and_grad(
+        loss_fn, logprobs, loss_mask=result.loss_mask, weights=result.weights, **common
+    )
     assert torch.equal(plain[0], corrected[0]) and torch.equal(plain[1], corrected[1])
 
 
@@ -134,8 +145,9 @@ def test_token_tis_truncates_at_the_cap_with_optional_lower_cap():
     w = correction(trainer, sampler, mask, turns, Config.preset("token_tis")).weights
     assert torch.equal(w, ratio.clamp(max=2.0))
     assert torch.all(w[rho > 2.0] == 2.0) and w.min() == ratio.min()  # no lower cap (verl)
-    w_low = correction(trainer, sampler, mask, turns,
-                       Config.preset("token_tis", is_cap_low=0.5)).weights
+    w_low = correction(
+        trainer, sampler, mask, turns, Config.preset("token_tis", is_cap_low=0.5)
+    ).weights
     assert w_low.min() == 0.5 and torch.equal(w_low[:, 2:], w[:, 2:])
 
 
@@ -232,7 +244,7 @@ def _delete_masked(*tensors, mask):
         for b, row in enumerate(rows):
             padded[b, : row.numel()] = row
             if x.dtype == torch.long and row.numel():
-                padded[b, row.numel():] = row[-1]
+                padded[b, row.numel() :] = row[-1]
         out.append(padded)
     return out
 
@@ -251,10 +263,22 @@ def test_garbage_on_masked_tokens_equals_deleting_them(name, config):
     for field, value in dirty.stats.to_dict().items():
         assert clean.stats.to_dict()[field] == pytest.approx(value, rel=1e-6, abs=1e-7), field
     loss_fn = GRPOLoss()
-    d_loss, d_grad = loss_and_grad(loss_fn, logprobs, old_logprobs=old, advantages=adv,
-                                   loss_mask=dirty.loss_mask, weights=dirty.weights)
-    c_loss, c_grad = loss_and_grad(loss_fn, c_lp, old_logprobs=c_old, advantages=adv,
-                                   loss_mask=clean.loss_mask, weights=clean.weights)
+    d_loss, d_grad = loss_and_grad(
+        loss_fn,
+        logprobs,
+        old_logprobs=old,
+        advantages=adv,
+        loss_mask=dirty.loss_mask,
+        weights=dirty.weights,
+    )
+    c_loss, c_grad = loss_and_grad(
+        loss_fn,
+        c_lp,
+        old_logprobs=c_old,
+        advantages=adv,
+        loss_mask=clean.loss_mask,
+        weights=clean.weights,
+    )
     assert d_loss.item() == pytest.approx(c_loss.item(), rel=1e-6)
     assert torch.allclose(d_grad[mask > 0], c_grad[c_mask > 0], rtol=1e-6, atol=1e-9)
     assert torch.all(d_grad[mask == 0] == 0)
@@ -270,19 +294,36 @@ def test_rejected_and_empty_sequences_leave_the_normalizer(aggregation):
     assert result.stats.masked_seq_fraction == pytest.approx(1 / 3)  # the empty one is left out
     assert all(math.isfinite(v) for v in result.stats.to_dict().values())
     loss_fn = GRPOLoss(terms=LossTerms(aggregation=aggregation))
-    loss, grad = loss_and_grad(loss_fn, logprobs, old_logprobs=old, advantages=adv,
-                               loss_mask=result.loss_mask, weights=result.weights)
+    loss, grad = loss_and_grad(
+        loss_fn,
+        logprobs,
+        old_logprobs=old,
+        advantages=adv,
+        loss_mask=result.loss_mask,
+        weights=result.weights,
+    )
     assert torch.isfinite(loss) and torch.isfinite(grad).all()
     # verl semantics: rejected tokens count in neither numerator nor denominator, so the loss
     # is that of the batch without the rejected and empty sequences.
     kept = [0, 3]
-    subset, _ = loss_fn(logprobs[kept], old_logprobs=old[kept], advantages=adv[kept],
-                        loss_mask=result.loss_mask[kept], weights=result.weights[kept])
+    subset, _ = loss_fn(
+        logprobs[kept],
+        old_logprobs=old[kept],
+        advantages=adv[kept],
+        loss_mask=result.loss_mask[kept],
+        weights=result.weights[kept],
+    )
     assert loss.item() == pytest.approx(subset.item(), rel=1e-6)
     if aggregation is Aggregation.TOKEN_MEAN:
-        per_token = loss_and_grad(loss_fn, logprobs, old_logprobs=old, advantages=adv,
-                                  loss_mask=result.loss_mask, weights=result.weights,
-                                  num_global_tokens=int(result.loss_mask.sum()))[0]
+        per_token = loss_and_grad(
+            loss_fn,
+            logprobs,
+            old_logprobs=old,
+            advantages=adv,
+            loss_mask=result.loss_mask,
+            weights=result.weights,
+            num_global_tokens=int(result.loss_mask.sum()),
+        )[0]
         assert per_token == loss
 
 
@@ -291,8 +332,14 @@ def test_fully_rejected_batch_gives_zero_loss_not_nan():
     sampler = sampler - 5.0
     result = correction(old, sampler, mask, turns, Config.preset("seq_mis"))
     assert result.loss_mask.sum() == 0 and result.stats.masked_seq_fraction == 1
-    loss, grad = loss_and_grad(GRPOLoss(), logprobs, old_logprobs=old, advantages=adv,
-                               loss_mask=result.loss_mask, weights=result.weights)
+    loss, grad = loss_and_grad(
+        GRPOLoss(),
+        logprobs,
+        old_logprobs=old,
+        advantages=adv,
+        loss_mask=result.loss_mask,
+        weights=result.weights,
+    )
     assert loss.item() == 0 and torch.equal(grad, torch.zeros_like(grad))
     assert all(math.isfinite(v) for v in result.stats.to_dict().values())
 
@@ -346,8 +393,12 @@ def test_batch_normalization_makes_the_mean_valid_weight_one(name):
         unit_weights = torch.stack([w[b][keep[b]][0] for b in range(4)])
     else:
         unit_weights = torch.tensor(
-            [w[b][keep[b] & (turns[b] == k)][0] for b in range(4) for k in range(3)
-             if (keep[b] & (turns[b] == k)).any()]
+            [
+                w[b][keep[b] & (turns[b] == k)][0]
+                for b in range(4)
+                for k in range(3)
+                if (keep[b] & (turns[b] == k)).any()
+            ]
         )
     assert unit_weights.mean().item() == pytest.approx(1.0, abs=1e-6)
     assert unit_weights.std() > 0
@@ -355,8 +406,13 @@ def test_batch_normalization_makes_the_mean_valid_weight_one(name):
 
 def test_sign_trainer_above_sampler_gives_ratio_above_one():
     sampler = torch.full((1, 3), -2.0)
-    result = correction(sampler + 0.1, sampler, torch.ones(1, 3), torch.zeros(1, 3).long(),
-                        Config(is_level=ISLevel.TOKEN, is_cap=10.0))
+    result = correction(
+        sampler + 0.1,
+        sampler,
+        torch.ones(1, 3),
+        torch.zeros(1, 3).long(),
+        Config(is_level=ISLevel.TOKEN, is_cap=10.0),
+    )
     assert torch.all(result.weights > 1)
 
 

@@ -76,9 +76,7 @@ class RecordingEngine(SingleEngine):
 
 
 def sync_with(config: MismatchInjection.Config | None = None, **kwargs) -> WeightSync:
-    return WeightSync(
-        MismatchInjection(config), probe_ids=PROBE, parity_tolerance=1e-3, **kwargs
-    )
+    return WeightSync(MismatchInjection(config), probe_ids=PROBE, parity_tolerance=1e-3, **kwargs)
 
 
 def trainer_probe(trainer: FakeTrainer) -> list[float]:
@@ -185,9 +183,7 @@ def test_every_server_of_a_pool_must_hold_the_synced_version(tmp_path):
 
     trainer, sync = FakeTrainer(), sync_with()
     good = PoolServer(trainer_probe(trainer))
-    pool = EnginePool(
-        [("s0", good), ("s1", PoolServer(good.logprobs))], weights_dir=tmp_path / "a"
-    )
+    pool = EnginePool([("s0", good), ("s1", PoolServer(good.logprobs))], weights_dir=tmp_path / "a")
     report = asyncio.run(sync.rank0_send(pool, sync.prepare(trainer, num_updates=1), 1))
     assert report.passed
 

@@ -1,4 +1,4 @@
-"""vLLM's batch-invariant mode for a local engine (`engine.batch_invariant`).
+"""vLLM's batch-invariant mode for a local engine (`engine.local.batch_invariant`).
 
 With `VLLM_BATCH_INVARIANT=1` vLLM's workers run kernels whose results do not depend on the
 batch a request runs in (`vllm.model_executor.determinism`): the sampler's half of the
@@ -35,12 +35,12 @@ def check_platform(enabled: bool) -> None:
 
     if not current_platform.is_cuda():
         raise ConfigError(
-            f"engine.batch_invariant starts vLLM in its batch-invariant mode, which the "
+            f"engine.local.batch_invariant starts vLLM in its batch-invariant mode, which the "
             f"installed vLLM offers on CUDA only; this engine runs on "
             f"{current_platform.device_type}. On a CPU, trainer.kernels vllm_cpu matches the "
-            "sampler instead; or set engine.batch_invariant false."
+            "sampler instead; or set engine.local.batch_invariant false."
         )
-    check_environment("engine.batch_invariant", "set engine.batch_invariant false")
+    check_environment("engine.local.batch_invariant", "set engine.local.batch_invariant false")
 
 
 def environment(enabled: bool) -> contextlib.AbstractContextManager[None]:

@@ -47,7 +47,7 @@ def thread_environment(config: CpuSettings) -> Iterator[None]:
     reserved = None if config.cpu_reserved_cores is None else str(config.cpu_reserved_cores)
     bound = None
     if config.cpu_cores is not None:
-        bound = format_cpu_list(parse_cpu_list(config.cpu_cores, setting="engine.cpu_cores"))
+        bound = format_cpu_list(parse_cpu_list(config.cpu_cores, setting="engine.local.cpu_cores"))
     split = config.cpu_attention_split_kv
     with (
         variable_for_start(_RESERVED_CORES_VAR, reserved),
@@ -64,14 +64,14 @@ def check_platform_settings(config: CpuSettings) -> None:
     if not current_platform.is_cpu():
         if config.cpu_cores is not None:
             raise ConfigError(
-                f"engine.cpu_cores={config.cpu_cores!r} binds vLLM-CPU's threads; this "
+                f"engine.local.cpu_cores={config.cpu_cores!r} binds vLLM-CPU's threads; this "
                 f"engine runs on {current_platform.device_type}. Leave it unset."
             )
         return
     block_size = config.block_size
     if block_size is not None and block_size % CPU_PREFIX_CACHE_BLOCK_SIZE:
         raise ConfigError(
-            f"engine.block_size={block_size}: vLLM-CPU's attention takes multiples of "
+            f"engine.local.block_size={block_size}: vLLM-CPU's attention takes multiples of "
             f"{CPU_PREFIX_CACHE_BLOCK_SIZE} tokens (16 fails at start-up); use "
             f"{CPU_PREFIX_CACHE_BLOCK_SIZE}, or leave it unset"
         )

@@ -2,12 +2,13 @@
 
 `EngineConfig` is the `engine` section of a run config. Each key is defined once: the keys
 every engine shares (`SamplerSettings`: the dtype and logprobs mode the sampler must use,
-what the run accepts from it, how weights reach it), the local engine's own keys
-(`VLLMLocalEngine.Config`), both flat, and the servers' under `engine.http`
+what the run accepts from it, how weights reach it) sit at the top of the section; each kind
+has a section of its own, the local engine's under `engine.local` (`LocalEngineSettings`:
+context length, KV cache, cores, prefix cache) and the servers' under `engine.http`
 (`ServerSection`: one server's connection, `ServerConnection`, plus a pool's servers,
-routing and hang check). With `kind: http` only the shared keys apply among the flat ones;
-a key of the other kind that differs from its default is refused at load time, never
-ignored.
+routing and hang check). A key of the kind not chosen that differs from its default is
+refused at load time, never ignored; a local key at the top of the section, where it was
+before each kind had a section, is read as `engine.local`'s with a warning.
 
 `build_engine` starts or connects to the engine named by the config: the local engine, one
 server, or a pool of servers (`tir_rl.engine.pool`). A server must have been started on the
@@ -27,10 +28,15 @@ from typing import ClassVar
 
 from tir_rl.engine.base import Engine
 from tir_rl.engine.pool import EnginePool, HangCheck, Routing
-from tir_rl.engine.sampler_settings import SAMPLER_SETTING_NAMES
+from tir_rl.engine.sampler_settings import SAMPLER_SETTING_NAMES, SamplerSettings
 from tir_rl.engine.server_connection import ServerConnection
 from tir_rl.engine.vllm_http import VLLMHttpEngine
-from tir_rl.engine.vllm_local import VLLMLocalEngine
+from tir_rl.engine.vllm_local import (
+    LOCAL_SETTING_NAMES,
+    EngineModel,
+    LocalEngineSettings,
+    VLLMLocalEngine,
+)
 from tir_rl.engine.weights.files import read_checkpoint_weights
 from tir_rl.errors import ConfigError, EngineError
 
@@ -47,9 +53,8 @@ class EngineKind(enum.StrEnum):
 
 
 HTTP_KEYS = ("model_path", *SAMPLER_SETTING_NAMES)
-"""Flat `engine` keys that also apply to `kind: http`: the shared `SamplerSettings` (checked
-against the server, or where the weights go) and the model; every other flat key configures
-the local engine only."""
+"""Keys at the top of `engine` (every one but the sections and `kind`): the shared
+`SamplerSettings` (checked against the server, or where the weights go) and the model."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,9 +83,14 @@ class ServerSection(ServerConnection):
 
 
 @dataclass(frozen=True, kw_only=True)
-class EngineConfig(VLLMLocalEngine.Config):
-    """The sampling engine: shared and local settings (flat), the servers' (`http`)."""
+class EngineConfig(EngineModel, SamplerSettings):
+    """The sampling engine: the shared settings, and each kind's section (`local`, `http`)."""
 
+    MOVED_KEYS: ClassVar[dict[str, tuple[str, str]]] = {
+        name: ("local", name) for name in LOCAL_SETTING_NAMES
+    }
+    """The local engine's keys, at the top of `engine` before each kind had a section: a
+    saved config of an older run still loads (`tir_rl.config.loading`)."""
     RETIRED_KEYS: ClassVar[dict[str, tuple[object, str]]] = {
         "allow_truncated_sampling": (
             False,
@@ -92,18 +102,24 @@ class EngineConfig(VLLMLocalEngine.Config):
     """Keys a saved config of an older version may hold (`tir_rl.config.loading`)."""
 
     kind: EngineKind = EngineKind.LOCAL
-    """`local`: start vLLM in this process. `http`: use the `vllm serve` server at
-    `engine.http.base_url` (or the pool of servers `engine.http.base_urls`), started on the
-    run's `model` with `VLLM_SERVER_DEV_MODE=1` (see docs/scale.md). With `http` the only
-    flat keys that apply are the ones every engine shares (`HTTP_KEYS`; `weights_dir` is
-    required with the `file` transfer: a folder the server reads at the same path); the
-    local engine's are refused."""
+    """`local`: start vLLM in this process, as `engine.local` says. `http`: use the
+    `vllm serve` server at `engine.http.base_url` (or the pool of servers
+    `engine.http.base_urls`), started on the run's `model` with `VLLM_SERVER_DEV_MODE=1` (see
+    docs/scale.md); `weights_dir` is required with the `file` transfer: a folder the server
+    reads at the same path."""
+    local: LocalEngineSettings = field(default_factory=LocalEngineSettings)
+    """The local engine (only with `kind: local`)."""
     http: ServerSection = field(default_factory=ServerSection)
     """The server (only with `kind: http`)."""
 
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether the sampler caches prefixes (`VLLMLocalEngine.Config.prefix_caching`)."""
+        return self.local_config().prefix_caching
+
     def validate(self) -> None:
         """Refuse settings of the kind not chosen, then check the chosen kind's."""
-        super().validate()
+        self.check_logprobs_mode()
         if self.kind is EngineKind.LOCAL:
             given = _changed(self.http, ServerSection())
             if given:
@@ -111,13 +127,14 @@ class EngineConfig(VLLMLocalEngine.Config):
                     f"engine.http.{given[0]} is set but engine.kind is local: set "
                     "engine.kind=http to sample from that server, or remove engine.http."
                 )
+            self.local.validate()
             return
-        given = [name for name in _changed(self, _LOCAL_DEFAULTS) if name not in _NOT_LOCAL]
+        given = _changed(self.local, LocalEngineSettings())
         if given:
             raise ConfigError(
-                f"engine.{given[0]} configures the local engine, but engine.kind is http: the "
-                f"server's own flags decide it. Remove engine.{given[0]} (start the server "
-                "with the matching flag), or set engine.kind=local."
+                f"engine.local.{given[0]} configures the local engine, but engine.kind is "
+                f"http: the server's own flags decide it. Remove engine.local.{given[0]} (start "
+                "the server with the matching flag), or set engine.kind=local."
             )
         if not self.http.base_url and not self.http.base_urls:
             raise ConfigError(
@@ -149,6 +166,16 @@ class EngineConfig(VLLMLocalEngine.Config):
         for url in self.server_urls():
             self.http_config(url).validate()
 
+    def local_config(self) -> VLLMLocalEngine.Config:
+        """The local engine's config: the model, the shared settings and `engine.local`."""
+        return VLLMLocalEngine.Config(
+            model_path=self.model_path, **self.sampler_settings(), **self.local.local_settings()
+        )  # type: ignore[arg-type]
+
+    def with_local(self, **changes: object) -> EngineConfig:
+        """This config with `engine.local`'s settings `changes` replaced."""
+        return dataclasses.replace(self, local=dataclasses.replace(self.local, **changes))
+
     def server_urls(self) -> list[str]:
         """The server, or every server of the pool (`kind: http`)."""
         return list(self.http.base_urls) or [self.http.base_url]
@@ -162,10 +189,6 @@ class EngineConfig(VLLMLocalEngine.Config):
         connection = self.http.connection()
         connection["base_url"] = base_url if base_url is not None else self.http.base_url
         return VLLMHttpEngine.Config(**connection, **self.sampler_settings())  # type: ignore[arg-type]
-
-
-_LOCAL_DEFAULTS = VLLMLocalEngine.Config(model_path="")
-_NOT_LOCAL = {*HTTP_KEYS, "kind", "http"}
 
 
 def _changed(config: object, default: object) -> list[str]:
@@ -184,7 +207,9 @@ def build_engine(config: EngineConfig, model_path: Path) -> Engine:
         EngineError: the engine failed to start, or the server serves another model.
     """
     if config.kind is EngineKind.LOCAL:
-        return VLLMLocalEngine(dataclasses.replace(config, model_path=str(model_path)))
+        return VLLMLocalEngine(
+            dataclasses.replace(config.local_config(), model_path=str(model_path))
+        )
     if not config.http.base_urls:
         engine = VLLMHttpEngine(config.http_config())
         try:
@@ -210,7 +235,7 @@ def _build_pool(config: EngineConfig, model_path: Path) -> EnginePool:
             members,
             weights_dir=config.weights_dir,
             routing=config.http.routing,
-            seed=config.seed or 0,
+            seed=config.local.seed or 0,
             transfer=config.weight_transfer,
             transfer_address=config.transfer_address,
             hang_check=HangCheck(config.http.hang_check_s, config.http.health_timeout_s),

@@ -86,73 +86,106 @@ def engine_error_from(exc: BaseException, what: str) -> EngineError:
     return EngineError(f"{what}: vLLM failed: {type(cause).__name__}: {cause}")
 
 
+@dataclass(frozen=True, kw_only=True)
+class EngineModel:
+    """The checkpoint an engine samples from."""
+
+    model_path: str
+    """Checkpoint folder, or `bundled` / `tiny` (see `tir_rl.models.resolve_model`). In a
+    run config, leave it unset: it follows the top-level `model` (another value is refused)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalEngineSettings:
+    """The local engine's own settings (a run config's `engine.local`).
+
+    A `vllm serve` server decides these with its own flags instead.
+    """
+
+    max_model_len: int = 2048
+    """Longest context (prompt + completion) in tokens."""
+    enforce_eager: bool = True
+    """Run without graph capture / compilation (start-up in seconds, CPU-friendly)."""
+    seed: int | None = None
+    """Engine seed (per-request seeds come with each `GenerateRequest`). None: `run.seed`
+    in a run config, 0 for an engine built alone."""
+    enable_prefix_caching: bool | None = None
+    """Reuse the KV blocks of prefixes already computed (a multi-turn episode's earlier
+    turns, a group's shared prompt); the cache is dropped at every weight update
+    (`clear_kv_on_update`). None: on for a float32 sampler, off for any other dtype. The
+    evidence (docs/performance.md): in float32 a cache hit left the sampler's logprobs as
+    they were, in bfloat16 it multiplied the k3 mismatch by 1.06, 2.3 and 24 (three seeds).
+    `tir-rl doctor` measures what it does on your model."""
+    async_scheduling: bool = False
+    """vLLM async scheduling; the CPU backend ignores it (a warning says so)."""
+    kv_cache_gib: float | None = 1.0
+    """KV cache size in GiB (CPU and GPU). None: size it from `gpu_memory_utilization`.
+    On CPU, the `VLLM_CPU_KVCACHE_SPACE` environment variable overrides this."""
+    gpu_memory_utilization: float = 0.9
+    """Fraction of device memory vLLM may use when `kv_cache_gib` is None."""
+    max_num_seqs: int = 256
+    """Most requests the engine schedules at once."""
+    cpu_reserved_cores: int | None = 0
+    """vLLM-CPU keeps this many cores for its frontend (`VLLM_CPU_NUM_OF_RESERVED_CPU`).
+    tir-rl alternates generation and training, so 0 lets generation use every core
+    (measured 1.45x tokens/s on 2 cores); None: vLLM's default (1). An explicitly set
+    environment variable wins."""
+    cpu_cores: str | int | None = None
+    """On a CPU: the cores the engine's compute threads are bound to, e.g. `0` or `0-3`
+    (vLLM-CPU's `VLLM_CPU_OMP_THREADS_BIND`). With `trainer.cpu_cores` on the other
+    cores, an asynchronous run samples and trains without the two sharing a core
+    (docs/async.md). None: vLLM binds to every core this process may use. An explicitly
+    set environment variable wins; refused on a GPU."""
+    cpu_attention_split_kv: bool | None = None
+    """vLLM-CPU's attention may split a long sequence's keys over threads when decoding
+    (`VLLM_CPU_ATTN_SPLIT_KV`), which rounds otherwise than its prefill. None: vLLM's
+    default (split), off in a run with `trainer.kernels: vllm_cpu` (bitwise parity)."""
+    batch_invariant: bool | None = None
+    """CUDA: vLLM's batch-invariant mode (`VLLM_BATCH_INVARIANT`; refused on a CPU).
+    None: on in a run with `trainer.kernels: batch_invariant`, else off. Untested here."""
+    block_size: int | None = None
+    """KV cache block size in tokens. None: 32 on a CPU when the prefix cache is on (the
+    smallest its attention takes), vLLM's default otherwise (16 on a GPU, 128 on a CPU).
+    The prefix cache reuses whole blocks only: with 128-token blocks a multi-turn episode
+    of short turns took 26% of its re-sent context from the cache, with 32-token ones 72%
+    (`bench/agent_loop.py`, docs/performance.md). Servers `tir-rl launch` starts get it
+    only when set (their machines may differ from this one)."""
+    max_num_batched_tokens: int | None = None
+    """Token budget of one engine step; None: vLLM's default. Prompts beyond it are
+    prefilled in chunks."""
+    clear_kv_on_update: bool = True
+    """On a weight update, drop every KV block: the prefix cache, and the context of the
+    requests in flight, which is recomputed with the new weights. False keeps them, so
+    tokens sampled after an update attend to keys and values the old weights computed
+    and new requests may reuse cached prefixes from the old weights: a mismatch source
+    of its own (faster on long contexts; see docs/async.md for how it is measured)."""
+
+    def validate(self) -> None:
+        """Raise `ConfigError` for values vLLM would reject or tir-rl cannot use."""
+        if self.max_model_len < 2:
+            raise ConfigError(f"engine.local.max_model_len must be >= 2, got {self.max_model_len}")
+        if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
+            raise ConfigError(f"engine.local.kv_cache_gib must be > 0, got {self.kv_cache_gib}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError("engine.local.gpu_memory_utilization must be in (0, 1]")
+        if self.cpu_cores is not None:
+            parse_cpu_list(self.cpu_cores, setting="engine.local.cpu_cores")
+
+    def local_settings(self) -> dict[str, object]:
+        """These settings by name, to build a local engine's config that holds them."""
+        return {name: getattr(self, name) for name in LOCAL_SETTING_NAMES}
+
+
+LOCAL_SETTING_NAMES = tuple(LocalEngineSettings.__dataclass_fields__)
+"""The keys of `LocalEngineSettings`, in their order."""
+
+
 class VLLMLocalEngine(SingleEngine):
     """In-process vLLM `AsyncLLM` (its engine core runs in a child process)."""
 
     @dataclass(frozen=True, kw_only=True)
-    class Config(SamplerSettings):
-        """The local vLLM engine: `SamplerSettings` and its own; parity settings explicit."""
-
-        model_path: str
-        """Checkpoint folder, or `bundled` / `tiny` (see `tir_rl.models.resolve_model`). In a
-        run config, leave it unset: it follows the top-level `model` (another value is refused)."""
-        max_model_len: int = 2048
-        """Longest context (prompt + completion) in tokens."""
-        enforce_eager: bool = True
-        """Run without graph capture / compilation (start-up in seconds, CPU-friendly)."""
-        seed: int | None = None
-        """Engine seed (per-request seeds come with each `GenerateRequest`). None: `run.seed`
-        in a run config, 0 for an engine built alone."""
-        enable_prefix_caching: bool | None = None
-        """Reuse the KV blocks of prefixes already computed (a multi-turn episode's earlier
-        turns, a group's shared prompt); the cache is dropped at every weight update
-        (`clear_kv_on_update`). None: on for a float32 sampler, off for any other dtype. The
-        evidence (docs/performance.md): in float32 a cache hit left the sampler's logprobs as
-        they were, in bfloat16 it multiplied the k3 mismatch by 1.06, 2.3 and 24 (three seeds).
-        `tir-rl doctor` measures what it does on your model."""
-        async_scheduling: bool = False
-        """vLLM async scheduling; the CPU backend ignores it (a warning says so)."""
-        kv_cache_gib: float | None = 1.0
-        """KV cache size in GiB (CPU and GPU). None: size it from `gpu_memory_utilization`.
-        On CPU, the `VLLM_CPU_KVCACHE_SPACE` environment variable overrides this."""
-        gpu_memory_utilization: float = 0.9
-        """Fraction of device memory vLLM may use when `kv_cache_gib` is None."""
-        max_num_seqs: int = 256
-        """Most requests the engine schedules at once."""
-        cpu_reserved_cores: int | None = 0
-        """vLLM-CPU keeps this many cores for its frontend (`VLLM_CPU_NUM_OF_RESERVED_CPU`).
-        tir-rl alternates generation and training, so 0 lets generation use every core
-        (measured 1.45x tokens/s on 2 cores); None: vLLM's default (1). An explicitly set
-        environment variable wins."""
-        cpu_cores: str | int | None = None
-        """On a CPU: the cores the engine's compute threads are bound to, e.g. `0` or `0-3`
-        (vLLM-CPU's `VLLM_CPU_OMP_THREADS_BIND`). With `trainer.cpu_cores` on the other
-        cores, an asynchronous run samples and trains without the two sharing a core
-        (docs/async.md). None: vLLM binds to every core this process may use. An explicitly
-        set environment variable wins; refused on a GPU."""
-        cpu_attention_split_kv: bool | None = None
-        """vLLM-CPU's attention may split a long sequence's keys over threads when decoding
-        (`VLLM_CPU_ATTN_SPLIT_KV`), which rounds otherwise than its prefill. None: vLLM's
-        default (split), off in a run with `trainer.kernels: vllm_cpu` (bitwise parity)."""
-        batch_invariant: bool | None = None
-        """CUDA: vLLM's batch-invariant mode (`VLLM_BATCH_INVARIANT`; refused on a CPU).
-        None: on in a run with `trainer.kernels: batch_invariant`, else off. Untested here."""
-        block_size: int | None = None
-        """KV cache block size in tokens. None: 32 on a CPU when the prefix cache is on (the
-        smallest its attention takes), vLLM's default otherwise (16 on a GPU, 128 on a CPU).
-        The prefix cache reuses whole blocks only: with 128-token blocks a multi-turn episode
-        of short turns took 26% of its re-sent context from the cache, with 32-token ones 72%
-        (`bench/agent_loop.py`, docs/performance.md). Servers `tir-rl launch` starts get it
-        only when set (their machines may differ from this one)."""
-        max_num_batched_tokens: int | None = None
-        """Token budget of one engine step; None: vLLM's default. Prompts beyond it are
-        prefilled in chunks."""
-        clear_kv_on_update: bool = True
-        """On a weight update, drop every KV block: the prefix cache, and the context of the
-        requests in flight, which is recomputed with the new weights. False keeps them, so
-        tokens sampled after an update attend to keys and values the old weights computed
-        and new requests may reuse cached prefixes from the old weights: a mismatch source
-        of its own (faster on long contexts; see docs/async.md for how it is measured)."""
+    class Config(EngineModel, SamplerSettings, LocalEngineSettings):
+        """The local vLLM engine: the model, `SamplerSettings` and `LocalEngineSettings`."""
 
         @property
         def prefix_caching(self) -> bool:
@@ -164,14 +197,7 @@ class VLLMLocalEngine(SingleEngine):
         def validate(self) -> None:
             """Raise `ConfigError` for values vLLM would reject or tir-rl cannot use."""
             self.check_logprobs_mode()
-            if self.max_model_len < 2:
-                raise ConfigError(f"engine.max_model_len must be >= 2, got {self.max_model_len}")
-            if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
-                raise ConfigError(f"engine.kv_cache_gib must be > 0, got {self.kv_cache_gib}")
-            if not 0 < self.gpu_memory_utilization <= 1:
-                raise ConfigError("engine.gpu_memory_utilization must be in (0, 1]")
-            if self.cpu_cores is not None:
-                parse_cpu_list(self.cpu_cores, setting="engine.cpu_cores")
+            LocalEngineSettings.validate(self)
 
     def __init__(self, config: Config) -> None:
         config.validate()

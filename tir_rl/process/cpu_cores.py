@@ -1,7 +1,7 @@
 """CPU core sets: which cores the engine's and the trainer's threads run on.
 
 On a CPU machine the engine and the trainer otherwise share every core. Giving each its own
-cores (`engine.cpu_cores`, `trainer.cpu_cores`) lets an asynchronous run (k > 0) sample and
+cores (`engine.local.cpu_cores`, `trainer.cpu_cores`) lets an asynchronous run (k > 0) sample and
 train at the same time without the two slowing each other down (docs/async.md).
 """
 

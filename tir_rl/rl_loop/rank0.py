@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-
 @dataclass
 class DataPosition:
     """Where a run stands in its task stream; saved in every checkpoint."""

@@ -99,7 +99,7 @@ class Rollout:
         if wanted is not None and wanted > engine_len:
             raise ConfigError(
                 f"rollout.max_context_tokens={wanted} exceeds the engine's max_model_len="
-                f"{engine_len}; lower it or raise engine.max_model_len"
+                f"{engine_len}; lower it or raise engine.local.max_model_len"
             )
         self.max_context_tokens: int = wanted or engine_len
         """The context limit in force (the config's, or the engine's)."""

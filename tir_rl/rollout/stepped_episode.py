@@ -203,9 +203,7 @@ class SteppedEpisode(EpisodeBase):
             "error": ending.error,
         }
         if self.conv is None:  # the env never produced a prompt
-            return dataclasses.replace(
-                empty_trajectory(self.spec, ending, self.timings), **fields
-            )
+            return dataclasses.replace(empty_trajectory(self.spec, ending, self.timings), **fields)
         return self.conv.to_trajectory(**fields)
 
 

@@ -125,7 +125,7 @@ class TrainerConfig:
     cpu_cores: str | int | None = None
     """On a CPU: the cores the trainer's process runs on, e.g. `1` or `2-3`; its torch
     threads are as many (shared by the node's ranks). Pinned once the engine has
-    started, so the engine keeps its own cores (`engine.cpu_cores`; docs/async.md).
+    started, so the engine keeps its own cores (`engine.local.cpu_cores`; docs/async.md).
     None: every core, `OMP_NUM_THREADS` torch threads. Refused with a CUDA trainer."""
 
     def _check_vllm_cpu_kernels(self) -> None:

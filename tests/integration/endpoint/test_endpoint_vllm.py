@@ -39,8 +39,8 @@ from openai_agent import COUNT_TOOL  # noqa: E402
 
 TINY = (
     "model=tiny",
-    "engine.max_model_len=2048",
-    "engine.kv_cache_gib=0.25",
+    "engine.local.max_model_len=2048",
+    "engine.local.kv_cache_gib=0.25",
     "rollout.max_tokens_per_turn=24",
     "rollout.max_turns=4",
     "run.plot_every=0",

@@ -280,8 +280,8 @@ def trained(ledger_model, tmp_path_factory):
         None,
         [
             f"model={ledger_model}",
-            "engine.max_model_len=2048",
-            "engine.kv_cache_gib=0.25",
+            "engine.local.max_model_len=2048",
+            "engine.local.kv_cache_gib=0.25",
             "rollout.max_tokens_per_turn=48",
             "rollout.max_turns=6",
             "rollout.agent_timeout_s=300",

@@ -20,8 +20,8 @@ def test_dataset_episodes_run_on_the_real_engine_from_a_run_config():
             "env.kwargs={tools: [], max_nudges: 0}",
             "rollout.max_turns=1",
             "rollout.max_tokens_per_turn=12",
-            "engine.max_model_len=2048",
-            "engine.kv_cache_gib=0.25",
+            "engine.local.max_model_len=2048",
+            "engine.local.kv_cache_gib=0.25",
         ],
     )
     factory = env_factory(config.env, config.env.eval_split)

@@ -70,7 +70,7 @@ BASE_OVERRIDES = [
     "env.id=tests/FakeParityRewardFsdp-v0",
     "rollout.max_turns=2",
     "rollout.max_tokens_per_turn=24",
-    "engine.kv_cache_gib=0.25",
+    "engine.local.kv_cache_gib=0.25",
     "trainer.lr=1e-3",
     "rollout.seed=1",  # seeded sampling (short prompts: safe on vLLM-CPU), for the resume test
 ]

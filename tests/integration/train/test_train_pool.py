@@ -44,7 +44,10 @@ def _config(tmp_path: Path) -> Path:
         },
         # the tests' fake-reward env (rewards every other episode), imported by the trainer
         "env": {"id": "test_train_tiny:FakeParityRewardEnv", "kwargs": {"horizon": 2}},
-        "engine": {"max_model_len": 2048, "kv_cache_gib": 0.25, "weight_transfer": "gloo"},
+        "engine": {
+            "local": {"max_model_len": 2048, "kv_cache_gib": 0.25},
+            "weight_transfer": "gloo",
+        },
         "rollout": {"max_turns": 2, "max_tokens_per_turn": 24, "end_on_truncated_turn": False},
         "trainer": {"lr": 1e-3},
         "correction_preset": "geo_rs_token_tis",

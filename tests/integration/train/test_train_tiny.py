@@ -61,7 +61,7 @@ if FAILING_ENV_ID not in gymnasium.registry:
     gymnasium.register(id=FAILING_ENV_ID, entry_point=FakeFailsAfterStartUpEnv)
 
 
-LOCAL_ENGINE = ("engine.max_model_len=2048", "engine.kv_cache_gib=0.25")
+LOCAL_ENGINE = ("engine.local.max_model_len=2048", "engine.local.kv_cache_gib=0.25")
 
 
 def tiny_config(out_dir, *extra, env_id=FAKE_ENV_ID, engine=LOCAL_ENGINE):

@@ -9,7 +9,12 @@ from tir_rl.engine.engine_config import HTTP_KEYS, EngineConfig, EngineKind, Ser
 from tir_rl.engine.sampler_settings import SamplerSettings
 from tir_rl.engine.server_connection import ServerConnection
 from tir_rl.engine.vllm_http import VLLMHttpEngine
-from tir_rl.engine.vllm_local import VLLMLocalEngine
+from tir_rl.engine.vllm_local import (
+    LOCAL_SETTING_NAMES,
+    EngineModel,
+    LocalEngineSettings,
+    VLLMLocalEngine,
+)
 from tir_rl.errors import ConfigError
 from tir_rl.run_config import RunConfig
 
@@ -22,9 +27,9 @@ HTTP = [
 
 
 def test_the_default_engine_is_local_with_an_empty_server_section():
-    cfg = config.load(RunConfig, None, ["model=tiny", "engine.max_model_len=512"])
+    cfg = config.load(RunConfig, None, ["model=tiny", "engine.local.max_model_len=512"])
     assert cfg.engine.kind is EngineKind.LOCAL
-    assert cfg.engine.max_model_len == 512
+    assert cfg.engine.local.max_model_len == 512
     assert cfg.engine.http.base_url == ""
 
 
@@ -52,25 +57,44 @@ def test_injected_sampler_dtype_is_what_the_server_must_compute_in():
 @pytest.mark.parametrize("key", ["max_model_len=512", "kv_cache_gib=2", "enforce_eager=false"])
 def test_a_local_only_key_is_refused_with_kind_http(key):
     name = key.partition("=")[0]
-    with pytest.raises(ConfigError, match=f"engine.{name} configures the local engine"):
-        config.load(RunConfig, None, [*HTTP, f"engine.{key}"])
+    with pytest.raises(ConfigError, match=f"engine.local.{name} configures the local engine"):
+        config.load(RunConfig, None, [*HTTP, f"engine.local.{key}"])
 
 
 def test_every_local_only_key_is_refused_with_kind_http():
-    default = VLLMLocalEngine.Config(model_path="tiny")
-    assert set(HTTP_KEYS) <= set(VLLMLocalEngine.Config.__dataclass_fields__)
-    local_only = [f.name for f in dataclasses.fields(default) if f.name not in HTTP_KEYS]
-    assert "max_model_len" in local_only and "dtype" not in local_only
-    for name in local_only:
+    default = LocalEngineSettings()
+    assert "max_model_len" in LOCAL_SETTING_NAMES and "dtype" not in LOCAL_SETTING_NAMES
+    assert set(LOCAL_SETTING_NAMES).isdisjoint(HTTP_KEYS)
+    for name in LOCAL_SETTING_NAMES:
         other = _another_value(getattr(default, name)) if name != "cpu_cores" else "0"
-        changed = dataclasses.replace(default, **{name: other})
         engine = EngineConfig(
-            **{**dataclasses.asdict(changed), "weights_dir": "/w"},
+            model_path="tiny",
+            weights_dir="/w",
             kind=EngineKind.HTTP,
+            local=dataclasses.replace(default, **{name: other}),
             http=ServerSection(base_url="http://h:1"),
         )
-        with pytest.raises(ConfigError, match=f"engine.{name} configures the local engine"):
+        with pytest.raises(ConfigError, match=f"engine.local.{name} configures the local"):
             engine.validate()
+
+
+def test_a_local_key_at_the_top_of_engine_is_read_as_engine_local(caplog):
+    """Where the local keys were before each kind had a section: saved configs still load."""
+    cfg = config.load(RunConfig, None, ["model=tiny", "engine.max_model_len=512"])
+    assert cfg.engine.local.max_model_len == 512
+    assert "engine.max_model_len is now engine.local.max_model_len" in caplog.text
+    both = ["model=tiny", "engine.max_model_len=512", "engine.local.max_model_len=1024"]
+    with pytest.raises(ConfigError, match="old name of engine.local.max_model_len"):
+        config.load(RunConfig, None, both)
+
+
+def test_the_local_engine_gets_the_model_the_shared_and_the_local_settings():
+    cfg = config.load(
+        RunConfig, None, ["model=tiny", "engine.dtype=bfloat16", "engine.local.kv_cache_gib=2"]
+    )
+    local = cfg.engine.local_config()
+    assert (local.model_path, local.dtype, local.kv_cache_gib) == ("tiny", "bfloat16", 2)
+    assert local.seed == cfg.run.seed  # run.seed fills the engine's unset seed
 
 
 def _another_value(value):
@@ -155,7 +179,9 @@ def test_a_single_servers_config_has_no_pool_keys():
 def test_every_engine_key_is_defined_once():
     """Each key is declared in one class's body; the others inherit it (issue 50)."""
     sections = [
+        EngineModel,
         SamplerSettings,
+        LocalEngineSettings,
         VLLMLocalEngine.Config,
         ServerConnection,
         VLLMHttpEngine.Config,

@@ -6,9 +6,17 @@ from tir_rl.sandbox import Backend, SandboxConfig
 
 
 def test_overrides_reach_nested_backend_settings():
-    config = from_dict(SandboxConfig, parse_overrides(
-        ["backend=bwrap", "docker.pids_limit=32", "docker.preload=[numpy]", "bwrap.memory_mb=256"]
-    ))
+    config = from_dict(
+        SandboxConfig,
+        parse_overrides(
+            [
+                "backend=bwrap",
+                "docker.pids_limit=32",
+                "docker.preload=[numpy]",
+                "bwrap.memory_mb=256",
+            ]
+        ),
+    )
     assert config.backend is Backend.BWRAP
     assert config.docker.pids_limit == 32 and config.docker.preload == ("numpy",)
     assert config.bwrap.memory_mb == 256

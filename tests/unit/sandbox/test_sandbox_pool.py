@@ -51,8 +51,9 @@ class FakeFactory:
 
 
 def make_pool(factory, size=2, **limits):
-    return WarmPool(factory, size=size, max_parallel_starts=1, limits=CellLimits(**limits),
-                    acquire_timeout_s=5)
+    return WarmPool(
+        factory, size=size, max_parallel_starts=1, limits=CellLimits(**limits), acquire_timeout_s=5
+    )
 
 
 def test_worker_is_acquired_lazily_and_killed_when_the_episode_ends():
@@ -223,8 +224,7 @@ def test_line_reader_joins_chunks_and_enforces_size_and_eof():
 
 
 def test_response_decodes_function_values_and_cleans_surrogates():
-    r = response_to_result({"value_json": '{"a": [1, 2]}', "stdout": "bad \udcff"},
-                           duration_s=0.1)
+    r = response_to_result({"value_json": '{"a": [1, 2]}', "stdout": "bad \udcff"}, duration_s=0.1)
     assert r.value == {"a": [1, 2]}
     r.stdout.encode("utf-8")
     assert r.duration_s == 0.1

@@ -73,16 +73,20 @@ def test_exit_is_ignored_and_the_interpreter_survives(pool):
 
 def test_forked_child_never_answers_for_the_parent(pool):
     with EpisodeSandbox(pool) as sb:
-        r = sb.run("import os\npid = os.fork()\nif pid == 0:\n    print('child')\nelse:\n"
-                   "    os.waitpid(pid, 0)\n'parent'", timeout_s=5)
+        r = sb.run(
+            "import os\npid = os.fork()\nif pid == 0:\n    print('child')\nelse:\n"
+            "    os.waitpid(pid, 0)\n'parent'",
+            timeout_s=5,
+        )
         assert r.result == "'parent'" and "child" in r.stdout
         assert sb.run("2 * 3", timeout_s=5).result == "6"
 
 
 def test_call_function_returns_json_and_rejects_non_json(pool):
     with EpisodeSandbox(pool) as sb:
-        ok = sb.call_function("def f(a, b):\n    return {'sum': a + b}", "f", {"a": 1, "b": 2},
-                              timeout_s=5)
+        ok = sb.call_function(
+            "def f(a, b):\n    return {'sum': a + b}", "f", {"a": 1, "b": 2}, timeout_s=5
+        )
         bad = sb.call_function("def g():\n    return object()", "g", {}, timeout_s=5)
         missing = sb.call_function("x = 1", "h", {}, timeout_s=5)
     assert ok.ok and ok.value == {"sum": 3}

@@ -122,7 +122,7 @@ async def capture_forward(
             f"captured {len(store[LOGITS_MODULE])} logits calls, none with exactly one row per "
             f"prompt position ({len(ids) - 1}): another request ran during the capture, or "
             "the prompt was prefilled in chunks. Capture on an idle engine, with a prompt "
-            "shorter than engine.max_num_batched_tokens."
+            "shorter than engine.local.max_num_batched_tokens."
         )
     return ForwardCapture(
         outputs={name: call["output"] for name, call in calls.items()},
@@ -154,7 +154,8 @@ def _one_call(name: str, calls: list[dict[str, Any]], num_tokens: int) -> dict[s
     if not calls:
         raise EngineError(
             f"the engine never ran {name} during the capture: its forward is compiled "
-            "(hooks do not fire in a captured graph). Localize with engine.enforce_eager=true."
+            "(hooks do not fire in a captured graph). Localize with "
+            "engine.local.enforce_eager=true."
         )
     rows = [call["output"].shape[0] for call in calls]
     if rows != [num_tokens]:
@@ -162,7 +163,7 @@ def _one_call(name: str, calls: list[dict[str, Any]], num_tokens: int) -> dict[s
             f"{name} ran {len(calls)} times ({rows} rows) for one {num_tokens}-token prompt: "
             "another request ran during the capture, or the prompt was prefilled in chunks. "
             "Capture on an idle engine, with a prompt shorter than "
-            "engine.max_num_batched_tokens."
+            "engine.local.max_num_batched_tokens."
         )
     return calls[0]
 
