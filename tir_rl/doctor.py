@@ -331,6 +331,7 @@ def run_localize(config: RunConfig) -> Localization:
                 engine,
                 model,
                 probe_ids_from_text(runtime.tokenizer),
+                scorer=trainer.forward,
                 prompt_ids=probe_ids_from_text(runtime.tokenizer, DEFAULT_SAMPLED_PROBE_PROMPT),
                 temperature=config.rollout.temperature,
             )

@@ -99,8 +99,24 @@ class FakeCaptureEngine:
         )  # fmt: skip
 
 
-def run(engine, model, temperature=0.7) -> Localization:
-    return asyncio.run(localize(engine, model, PROBE, prompt_ids=PROMPT, temperature=temperature))
+def training_forward(dtype: torch.dtype = torch.float32):
+    """The trainer's own scoring forward, on the CPU in `dtype` (autocast below float32)."""
+    from tir_rl.trainer.batch import Packing
+    from tir_rl.trainer.forward import TrainerForward
+
+    return TrainerForward(
+        device=torch.device("cpu"), compute_dtype=dtype, sharded=False, temperature=1.0,
+        micro_batch_tokens=4096, packing=Packing.PACKED,
+    )  # fmt: skip
+
+
+def run(engine, model, temperature=0.7, scorer=None) -> Localization:
+    return asyncio.run(
+        localize(
+            engine, model, PROBE, scorer=scorer or training_forward(), prompt_ids=PROMPT,
+            temperature=temperature,
+        )
+    )  # fmt: skip
 
 
 def perturbed(model, where: str, scale: float = 0.1):
@@ -135,6 +151,24 @@ def test_the_same_model_on_both_sides_diverges_nowhere():
     assert all(s.relative_gap == 0 and s.own_gap == 0 for s in hidden), report.table()
     assert [s.role for s in report.stages[-3:]] == ["logits", "prompt logprobs", "sampled logprobs"]
     assert "no stage diverges" in report.diagnosis
+
+
+def test_the_localizer_measures_the_training_forward_under_bf16_autocast():
+    """Trainer side in bf16 autocast (as training would run it), engine in float32: every
+    stage from the first attention on, and both logprob stages, see the bf16 forward. A
+    localizer scoring with its own float32 forward would find no gap at all here."""
+    model = tiny_llama()
+    engine = FakeCaptureEngine(copy.deepcopy(model))
+    fp32 = {s.name: s for s in run(engine, model).stages}
+    bf16 = {s.name: s for s in run(engine, model, scorer=training_forward(torch.bfloat16)).stages}
+    # float32: the same numbers on both sides (measured 0 and 2e-8); bf16: 4e-5 and 8e-5
+    assert fp32["prompt logprobs"].relative_gap < 1e-6
+    assert bf16["prompt logprobs"].relative_gap > 1e-5
+    sampled = next(name for name in bf16 if name.startswith("sampled logprobs"))
+    assert fp32[sampled].relative_gap < 1e-6 and bf16[sampled].relative_gap > 1e-5
+    # the hooked stages and their replays ran in bf16 too (own gaps 4e-3 here, 0 in float32)
+    assert fp32["model.layers.0.self_attn"].own_gap == 0
+    assert bf16["model.layers.0.self_attn"].own_gap > 1e-3
 
 
 @pytest.mark.parametrize(

