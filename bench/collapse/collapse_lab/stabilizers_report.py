@@ -101,6 +101,18 @@ def _pooled_final(group: list[Run]) -> str:
     return str(bootstrap_seeds_and_tasks(pooled))
 
 
+def _seed_outcome(run: Run) -> str:
+    """The held-out outcome, with the training curve's collapse step: persisting, or a dip
+    it recovered from (which the plan does not count as a failure, but the table shows)."""
+    text = outcome(run)
+    step = run.verdict.collapse_step
+    if run.verdict.persisting:
+        return f"{text} ({step})"
+    if run.verdict.collapsed and step is not None:
+        return f"{text}, dipped at {step} and recovered"
+    return text
+
+
 def cell_table(by_cell: dict[tuple[str, str], list[Run]]) -> list[str]:
     lines = [
         "| cause | arm | seeds | outcome per seed (collapse step) | cell | final held-out "
@@ -113,11 +125,7 @@ def cell_table(by_cell: dict[tuple[str, str], list[Run]]) -> list[str]:
             group = by_cell.get((cause, arm))
             if not group:
                 continue
-            per_seed = "; ".join(
-                f"s{r.seed} {outcome(r)}"
-                + (f" ({r.verdict.collapse_step})" if r.verdict.persisting else "")
-                for r in group
-            )
+            per_seed = "; ".join(f"s{r.seed} {_seed_outcome(r)}" for r in group)
             step_s = _mean(
                 [_mean(list(values_by_step(r.rows, "perf/step_s").values())) for r in group]
             )
