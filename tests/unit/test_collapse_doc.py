@@ -42,6 +42,13 @@ def _regenerated(suite: str) -> str:
 
 
 @functools.cache
+def _stabilizers() -> str:
+    from collapse_lab.stabilizers_report import report_text as stabilizers_text
+
+    return stabilizers_text(_kept("stabilizers"))
+
+
+@functools.cache
 def _sequence_table() -> str:
     from collapse_lab.sequence_study import study
 
@@ -49,10 +56,15 @@ def _sequence_table() -> str:
 
 
 @functools.cache
-def _guard_study() -> str:
+def _kept(suite: str) -> list:
+    return load_runs(RESULTS / suite)
+
+
+@functools.cache
+def _guard_study(*new: str) -> str:
     from collapse_lab.guard_signal import study
 
-    return study(load_runs(RESULTS / "sft_long"), load_runs(RESULTS / "guard_new"), 5, 5)
+    return study(_kept("sft_long"), [run for suite in new for run in _kept(suite)], 5, 5)
 
 
 @pytest.mark.parametrize("suite", SUITES)
@@ -73,7 +85,8 @@ def _figures(text: str) -> set[str]:
 
 def test_every_figure_collapse_md_quotes_is_in_a_regenerated_report():
     reports = "\n".join([*(_regenerated(suite) for suite in SUITES), _sequence_table(),
-                         _guard_study(), *(path.read_text() for path in KEPT_OUTPUTS)])  # fmt: skip
+                         _guard_study("guard_new"), _stabilizers(),
+                         *(path.read_text() for path in KEPT_OUTPUTS)])  # fmt: skip
     reports = re.sub(r"e-0*(\d)", r"e-\1", reports)
     quoted = _figures(DOC.read_text()) - SETTINGS_NOT_RESULTS
     assert len(quoted) > 100  # the page quotes its tables, not only prose
@@ -121,7 +134,32 @@ def test_the_readme_gives_the_command_that_wrote_each_kept_output(kept):
 
 def test_the_guard_study_record_is_what_guard_signal_py_writes_from_the_kept_runs():
     committed = (RESULTS / "guard_new" / "guard_signal.md").read_text()
-    assert _guard_study() + "\n" == committed, (
+    assert _guard_study("guard_new") + "\n" == committed, (
         "run: python bench/collapse/guard_signal.py bench/collapse/results/sft_long --new "
         "bench/collapse/results/guard_new > bench/collapse/results/guard_new/guard_signal.md"
+    )
+
+
+def test_the_stabilizer_report_is_what_stabilizers_report_py_writes_from_the_kept_runs():
+    committed = (RESULTS / "stabilizers" / "report.md").read_text()
+    assert _stabilizers() + "\n" == committed, (
+        "run: python bench/collapse/stabilizers_report.py bench/collapse/results/stabilizers "
+        "> bench/collapse/results/stabilizers/report.md"
+    )
+
+
+def test_the_stabilizer_matrix_in_collapse_md_is_the_kept_reports():
+    count, missing = _missing_rows(_stabilizers().split("## Every cell")[0])
+    assert count > 3 and not missing, (
+        "paste the matrix of bench/collapse/results/stabilizers/report.md into docs/collapse.md "
+        f"section A7; missing rows: {missing}"
+    )
+
+
+def test_the_stabilizer_guard_record_is_what_guard_signal_py_writes_from_the_kept_runs():
+    committed = (RESULTS / "stabilizers" / "guard_signal.md").read_text()
+    assert _guard_study("guard_new", "stabilizers") + "\n" == committed, (
+        "run: python bench/collapse/guard_signal.py bench/collapse/results/sft_long --new "
+        "bench/collapse/results/guard_new bench/collapse/results/stabilizers "
+        "> bench/collapse/results/stabilizers/guard_signal.md"
     )
