@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from tir_rl.engine.in_vllm.layer_capture import ForwardCapture, ModuleInputs, WeightSample
     from tir_rl.engine.vllm_local import VLLMLocalEngine
 
+
 class SequenceScorer(Protocol):
     """The trainer's scoring forward as the localizer uses it (`trainer.forward.TrainerForward`)."""
 
@@ -392,7 +393,9 @@ async def localize(
     weights = _weights_of(head, samples, trainer_weights)
     stages.append(_stage("logits", "logits", captured.logits, forward.logits, weights, own_logits))
     trainer_logprobs = scorer.sequence(model, probe_ids)
-    stages.append(_prompt_logprob_stage(captured, trainer_logprobs, forward.logits, probe_ids))
+    stages.append(
+        _prompt_logprob_stage(captured, trainer_logprobs, forward.logits.dtype, probe_ids)
+    )
     stages.append(
         await _sampled_stage(
             engine, model, scorer, prompt_ids, temperature, num_samples, max_tokens
@@ -452,10 +455,10 @@ def _stage(
 def _prompt_logprob_stage(
     captured: ForwardCapture,
     trainer: torch.Tensor,
-    trainer_logits: torch.Tensor,
+    trainer_dtype: torch.dtype,
     probe_ids: Sequence[int],
 ) -> StageGap:
-    """`trainer`: the scorer's [T − 1] logprobs of the probe; `trainer_logits` its dtype."""
+    """`trainer`: the scorer's [T − 1] logprobs of the probe, computed in `trainer_dtype`."""
     import torch
 
     targets = torch.tensor(list(probe_ids[1:]), dtype=torch.long)
@@ -465,7 +468,7 @@ def _prompt_logprob_stage(
     return dataclasses.replace(
         stage,
         engine_dtype=_dtype_name(captured.logits.dtype),
-        trainer_dtype=_dtype_name(trainer_logits.dtype),
+        trainer_dtype=_dtype_name(trainer_dtype),
     )
 
 

@@ -65,6 +65,18 @@ def trainer_state(hf_model, engine):
     asyncio.run(engine.update_weights(state))  # every test leaves the engine faithful
 
 
+def fp32_forward() -> TrainerForward:
+    """The scoring forward of a float32 CPU trainer at the run's temperature."""
+    return TrainerForward(
+        device=torch.device("cpu"),
+        compute_dtype=torch.float32,
+        sharded=False,
+        temperature=TEMPERATURE,
+        micro_batch_tokens=4096,
+        packing=Packing.PACKED,
+    )
+
+
 def diagnose(engine, hf_model, probe_ids, injection, state=None):
     """Send the injected sampler weights as training would, then run the doctor's checks."""
     if state is not None and injection.transforms_weights:
@@ -77,14 +89,7 @@ def diagnose(engine, hf_model, probe_ids, injection, state=None):
             prompt_ids=PROMPT,
             temperature=TEMPERATURE,
             injection=injection,
-            forward=TrainerForward(
-                device=torch.device("cpu"),
-                compute_dtype=torch.float32,
-                sharded=False,
-                temperature=TEMPERATURE,
-                micro_batch_tokens=4096,
-                packing=Packing.PACKED,
-            ),
+            forward=fp32_forward(),
         )
     )
     return {f.check: f for f in findings}
@@ -137,15 +142,12 @@ def test_prefix_cache_hits_and_batching_leave_fp32_logprobs_unchanged(
 
 
 def locate(engine, model, probe_ids, temperature=TEMPERATURE):
-    scorer = TrainerForward(
-        device=torch.device("cpu"), compute_dtype=torch.float32, sharded=False, temperature=1.0,
-        micro_batch_tokens=4096, packing=Packing.PACKED,
-    )  # fmt: skip
     return asyncio.run(
         localize(
-            engine, model, probe_ids, scorer=scorer, prompt_ids=PROMPT, temperature=temperature
+            engine, model, probe_ids, scorer=fp32_forward(), prompt_ids=PROMPT,
+            temperature=temperature,
         )
-    )
+    )  # fmt: skip
 
 
 def test_the_localizer_finds_no_divergence_in_a_faithful_fp32_engine(
