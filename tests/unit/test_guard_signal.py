@@ -77,7 +77,7 @@ def test_the_ess_deficit_is_vcpos_ratio_of_each_steps_trained_sequences(tmp_path
     with gzip.open(tmp_path / f"{SEQUENCES_FILE}.gz", "wt") as out:
         out.writelines(json.dumps(r) + "\n" for r in records)
     run = Run("stale_x", 0, [], judge_run([]), tmp_path)
-    deficit = guard_signal.ess_deficit_by_step(run)
+    deficit = guard_signal.ess_deficit_by_step(guard_signal.trained_sequences(run))
     assert deficit[1] == pytest.approx(0.0, abs=1e-8)
     assert deficit[2] == pytest.approx(1 - 2.5**2 / (4.25 * 2), rel=1e-6)
     # and a guard on it fires where the deficit stays above its limit

@@ -31,20 +31,22 @@ the new runs (`--new`), which chose nothing. `k3 > 3e-3` is the issue's referenc
 from __future__ import annotations
 
 import argparse
-import logging
+import contextlib
+import math
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from collapse_lab.report import Run, load_runs
 from collapse_lab.verdict import values_by_step
+from tir_rl.mismatch import guard as guard_module
 from tir_rl.mismatch.failure_tilt import TILT_KEY, tilt_sums
 from tir_rl.mismatch.guard import CollapseGuard
 from tir_rl.report.run_log import run_file
-from tir_rl.report.sequences import SEQUENCES_FILE, read_sequences
+from tir_rl.report.sequences import SEQUENCES_FILE, SequenceRecord, read_sequences
 from tir_rl.trainer.ess_step import ess_ratio
 
 K3_KEY = "mismatch/k3_kl"
@@ -68,15 +70,21 @@ def cause_of(run: Run) -> str:
     return "none"
 
 
-def tilt_by_step(run: Run) -> dict[int, float]:
-    """The failure tilt of each update step, from the run's per-sequence records."""
+def trained_sequences(run: Run) -> list[SequenceRecord]:
+    """The run's per-sequence records of the sequences an update trained."""
     path = run_file(run.folder, SEQUENCES_FILE)
     if path is None:
-        raise SystemExit(f"{run.folder}: no {SEQUENCES_FILE}; the tilt needs per-sequence records")
-    by_step = defaultdict(list)
-    for record in read_sequences(path):
-        if record.advantage is not None and record.model_tokens > 0:
-            by_step[record.step].append(record)
+        raise SystemExit(
+            f"{run.folder}: no {SEQUENCES_FILE}; the tilt and the ESS need per-sequence records"
+        )
+    return [r for r in read_sequences(path) if r.advantage is not None and r.model_tokens > 0]
+
+
+def tilt_by_step(records: Sequence[SequenceRecord]) -> dict[int, float]:
+    """The failure tilt of each update step, from a run's `trained_sequences`."""
+    by_step: dict[int, list[SequenceRecord]] = defaultdict(list)
+    for record in records:
+        by_step[record.step].append(record)
     out = {}
     for step, records in by_step.items():
         weights = [
@@ -95,15 +103,11 @@ def tilt_by_step(run: Run) -> dict[int, float]:
     return out
 
 
-def ess_deficit_by_step(run: Run) -> dict[int, float]:
-    """1 − VCPO's ESS ratio of each update step's trained sequences, from their records."""
-    path = run_file(run.folder, SEQUENCES_FILE)
-    if path is None:
-        raise SystemExit(f"{run.folder}: no {SEQUENCES_FILE}; the ESS needs per-sequence records")
+def ess_deficit_by_step(records: Sequence[SequenceRecord]) -> dict[int, float]:
+    """1 − VCPO's ESS ratio of each update step's sequences, from a run's `trained_sequences`."""
     by_step: dict[int, list[float]] = defaultdict(list)
-    for record in read_sequences(path):
-        if record.advantage is not None and record.model_tokens > 0:
-            by_step[record.step].append(record.log_ratio_sum)
+    for record in records:
+        by_step[record.step].append(record.log_ratio_sum)
     out = {}
     for step, sums in by_step.items():
         w = torch.exp(torch.tensor(sums, dtype=torch.float64).clamp(-300, 300))
@@ -116,15 +120,25 @@ def ess_deficit_by_step(run: Run) -> dict[int, float]:
 class Signals:
     run: Run
     by_key: dict[str, dict[int, float]]
+    _compared: dict[tuple[str, int], dict[int, float]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def compared(self, key: str, smooth: int) -> dict[int, float]:
+        """`compared_values` of one signal, replayed once for every limit the study tries."""
+        if (key, smooth) not in self._compared:
+            self._compared[key, smooth] = compared_values(self.by_key[key], key, smooth)
+        return self._compared[key, smooth]
 
 
 def signals(run: Run) -> Signals:
+    records = trained_sequences(run)
     return Signals(
         run,
         {
             K3_KEY: values_by_step(run.rows, K3_KEY),
-            TILT_KEY: tilt_by_step(run),
-            ESS_DEFICIT_KEY: ess_deficit_by_step(run),
+            TILT_KEY: tilt_by_step(records),
+            ESS_DEFICIT_KEY: ess_deficit_by_step(records),
             BINARY_TV_KEY: values_by_step(run.rows, BINARY_TV_KEY),
         },
     )
@@ -135,13 +149,38 @@ def logged_by_all(sigs: Sequence[Signals], key: str) -> bool:
     return bool(sigs) and all(s.by_key[key] for s in sigs)
 
 
-def firing_steps(values: dict[int, float], key: str, limit: float, smooth: int) -> list[int]:
-    """Steps at which a guard with this one absolute limit alerts."""
+def compared_values(values: dict[int, float], key: str, smooth: int) -> dict[int, float]:
+    """What a guard with one absolute limit on `key` compares with its limit, at each step it
+    compares: the trailing mean over `smooth` steps (a non-finite value: the value itself,
+    which alerts at any limit). Read from the guard itself, replayed with the limit at −∞."""
     config = CollapseGuard.Config(
-        watch=(), failure_tilt_limit=None, absolute={key: limit}, smooth=smooth
+        watch=(), failure_tilt_limit=None, absolute={key: -math.inf}, smooth=smooth
     )
     guard = CollapseGuard(config)
-    return [s for s in sorted(values) if guard.check(s, {key: values[s]}).fired]
+    with _guard_log_off():  # the study replays a guard per run and signal: alerts are its data
+        decisions = {s: guard.check(s, {key: values[s]}) for s in sorted(values)}
+    return {s: d.alerts[0].value for s, d in decisions.items() if d.fired}
+
+
+def fired_over(compared: dict[int, float], limit: float) -> list[int]:
+    """Steps at which the guard of `compared_values` alerts with this limit (the guard alerts
+    where the trailing mean is above its limit, or a value is not finite)."""
+    return [s for s, v in compared.items() if not math.isfinite(v) or v > limit]
+
+
+def firing_steps(values: dict[int, float], key: str, limit: float, smooth: int) -> list[int]:
+    """Steps at which a guard with this one absolute limit alerts."""
+    return fired_over(compared_values(values, key, smooth), limit)
+
+
+@contextlib.contextmanager
+def _guard_log_off() -> Iterator[None]:
+    was = guard_module.logger.disabled
+    guard_module.logger.disabled = True
+    try:
+        yield
+    finally:
+        guard_module.logger.disabled = was
 
 
 @dataclass(frozen=True)
@@ -158,7 +197,7 @@ class Judged:
 
 
 def judge(sig: Signals, key: str, limit: float, smooth: int) -> Judged:
-    fired = firing_steps(sig.by_key[key], key, limit, smooth)
+    fired = fired_over(sig.compared(key, smooth), limit)
     verdict = sig.run.verdict
     lead = None
     if verdict.persisting and verdict.collapse_step is not None:
@@ -339,7 +378,6 @@ def main() -> None:
     parser.add_argument("--smooth", type=int, default=5)
     parser.add_argument("--lead", type=int, default=5, help="steps ahead that count as warned")
     args = parser.parse_args()
-    logging.getLogger("tir_rl.mismatch.guard").setLevel(logging.ERROR)
     tuning = _runs(args.results)
     if not tuning:
         raise SystemExit(f"no kept runs under {', '.join(map(str, args.results))}")
