@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tir_rl.errors import ConfigError
 from tir_rl.models import NAMED_MODELS
-from tir_rl.report.eval_stats import EvalReport, build_report, format_table
+from tir_rl.report.eval_stats import EvalReport, EvalSampling, build_report, format_table
 from tir_rl.run_config import RunConfig
 
 
@@ -37,6 +37,12 @@ def resolve_checkpoint(checkpoint: str) -> str:
         "folder, a checkpoint folder (runs/NAME/checkpoints/step_N) or a Hugging Face model "
         "folder. Leave --checkpoint out to evaluate the config's `model`."
     )
+
+
+def stated_sampling(config: RunConfig) -> EvalSampling:
+    """The sampling settings an evaluation of `config` runs with, for its report."""
+    rollout = config.rollout
+    return EvalSampling(rollout.temperature, rollout.top_p, rollout.top_k, rollout.min_p)
 
 
 @dataclass
@@ -81,6 +87,7 @@ def run_eval(
         split=config.env.eval_split,
         k=k,
         wall_time_s=time.perf_counter() - started,
+        sampling=stated_sampling(config),
     )
     if report_path is not None:
         report_path.parent.mkdir(parents=True, exist_ok=True)
@@ -88,4 +95,4 @@ def run_eval(
     return EvalOutcome(report, report_path)
 
 
-__all__ = ["EvalOutcome", "format_table", "resolve_checkpoint", "run_eval"]
+__all__ = ["EvalOutcome", "format_table", "resolve_checkpoint", "run_eval", "stated_sampling"]

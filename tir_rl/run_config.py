@@ -30,6 +30,7 @@ from tir_rl.report.sinks import DEFAULT_LOGGERS, LoggerName, check_logger_names
 from tir_rl.report.wandb_sink import WandbSink, require_wandb
 from tir_rl.rollout import Rollout
 from tir_rl.rollout.buffer import LateGroups
+from tir_rl.rollout.card_sampling import SamplingSource, read_card_sampling
 from tir_rl.sandbox import SandboxConfig
 from tir_rl.trainer import Trainer
 from tir_rl.trainer.loss.choice import PolicyLossConfig
@@ -247,6 +248,7 @@ class RunConfig:
         refused; the saved config is then explicit. `validate` only checks.
         """
         self._resolve_degenerate_groups()
+        self._take_card_sampling()
         self._follow_temperature()
         self._follow_kernels()
         if self.correction_preset is not None:
@@ -338,6 +340,32 @@ class RunConfig:
             _refuse_a_second_name(key, given, FOLLOWS_MODEL, "model", self.model, why)
         self.engine = dataclasses.replace(self.engine, model_path=self.model)
         self.trainer.model = self.model
+
+    def _take_card_sampling(self) -> None:
+        """`rollout.sampling_from: model`: the model card's sampling, folded into `rollout`."""
+        if self.rollout.sampling_from is SamplingSource.CONFIG:
+            return
+        from tir_rl.models import resolve_model
+
+        card = read_card_sampling(resolve_model(self.model))
+        default = Rollout.Config()
+        for name, value in card.declared().items():
+            given = getattr(self.rollout, name)
+            if given != getattr(default, name) and given != value:
+                raise ConfigError(
+                    f"rollout.{name}={given!r} and rollout.sampling_from=model, whose card "
+                    f"says {name} {value!r}: give one. Drop rollout.{name} to sample as the "
+                    "card says, or set rollout.sampling_from=config to sample as you say."
+                )
+            setattr(self.rollout, name, value)
+        if card.not_applied:
+            logger.warning(
+                "the model's generation config also asks for %s: tir-rl does not apply it (the "
+                "trainer could not replay it, and every importance ratio would carry it)",
+                ", ".join(card.not_applied),
+            )
+        logger.info("sampling as the model's card says: %s", card.declared())
+        self.rollout.sampling_from = SamplingSource.CONFIG  # folded in: the saved one is explicit
 
     def _follow_temperature(self) -> None:
         """The trainer divides its logits by the sampler's temperature, named once."""

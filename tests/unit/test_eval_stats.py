@@ -6,6 +6,7 @@ import pytest
 from tir_rl.report.eval_stats import (
     Estimate,
     EvalReport,
+    EvalSampling,
     bootstrap_mean,
     bootstrap_paired_change,
     bootstrap_seeds_and_tasks,
@@ -194,6 +195,15 @@ def test_report_from_synthetic_trajectories():
     assert len(table.splitlines()) <= 24 and max(map(len, table.splitlines())) <= 80
     assert "pass@1" in table and "pass@2" in table and "truncated_max_turns" in table
     assert f"{report.pass_at_k.value:.3f}" in table
+
+
+def test_the_report_states_how_its_episodes_were_sampled():
+    sampling = EvalSampling(temperature=0.6, top_p=0.95, top_k=20)
+    report = build_report(synthetic_episodes(), env_id="e", split="test", k=1, sampling=sampling)
+    data = json.loads(report.to_json())
+    assert data["sampling"] == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0}
+    assert "sampling: temperature 0.6, top_p 0.95, top_k 20, min_p 0" in format_table(report)
+    assert "top_k off" in EvalSampling(temperature=1.0).describe()
 
 
 def test_report_rejects_k_above_the_samples_per_task():

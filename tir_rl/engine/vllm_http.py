@@ -73,6 +73,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _RETRY_STATUS = (502, 503, 504)
+NEUTRAL_SAMPLING = {
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+"""Under every request's own settings: a server fills what a request leaves out from the
+model's `generation_config.json` (vLLM's `--generation-config auto`, its default), and a card
+that asks for a repetition penalty (Qwen2.5: 1.05) or a top_k would change the processed
+logprobs in a way the trainer does not replay. A request names what it wants on top."""
 _PROBE_PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
 _PROBE_TEMPERATURE = 0.5
 
@@ -273,6 +285,7 @@ class VLLMHttpEngine(SingleEngine):
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,
             "skip_special_tokens": False,
+            **NEUTRAL_SAMPLING,
             **params,
         }
         response = await self._request("POST", "/v1/completions", json=body)

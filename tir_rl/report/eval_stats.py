@@ -193,6 +193,29 @@ def _normal_quantile(q: float) -> float:
     return (lo + hi) / 2
 
 
+@dataclass(frozen=True)
+class EvalSampling:
+    """How the evaluated episodes were sampled.
+
+    The run's `rollout` settings; an evaluation may sample otherwise than training
+    (`tir-rl eval --set rollout.temperature=0.6 --set rollout.top_p=0.95`).
+    """
+
+    temperature: float
+    top_p: float = 1.0
+    top_k: int | None = None
+    """None: off."""
+    min_p: float = 0.0
+
+    def describe(self) -> str:
+        """One line, as the eval table prints it."""
+        top_k = "off" if self.top_k is None else str(self.top_k)
+        return (
+            f"temperature {self.temperature:g}, top_p {self.top_p:g}, top_k {top_k}, "
+            f"min_p {self.min_p:g}"
+        )
+
+
 @dataclass
 class EvalReport:
     """Result of evaluating a policy on one environment split."""
@@ -219,6 +242,8 @@ class EvalReport:
     task_pass_at_1: list[float] = field(default_factory=list)
     """pass@1 of each task, in task (group id) order: what pools runs that evaluated the same
     tasks (`bootstrap_seeds_and_tasks`)."""
+    sampling: EvalSampling | None = None
+    """How the episodes were sampled (None: not stated by the caller)."""
 
     def to_dict(self) -> dict:
         """Plain-JSON form."""
@@ -240,6 +265,7 @@ def build_report(
     confidence: float = 0.95,
     num_bootstrap: int = DEFAULT_NUM_BOOTSTRAP,
     seed: int = DEFAULT_SEED,
+    sampling: EvalSampling | None = None,
 ) -> EvalReport:
     """Group trajectories by `group_id` (one group per task) and summarise them.
 
@@ -293,6 +319,7 @@ def build_report(
         success_threshold=success_threshold,
         num_bootstrap=num_bootstrap,
         task_pass_at_1=at_1,
+        sampling=sampling,
     )
 
 
@@ -312,6 +339,7 @@ def format_table(report: EvalReport) -> str:
         f"Evaluation: {report.env_id}  split={report.split}",
         f"  tasks {report.num_tasks} x {report.samples_per_task} samples"
         f"   wall {report.wall_time_s:.1f} s",
+        *([f"  sampling: {report.sampling.describe()}"] if report.sampling else []),
         "",
         f"  {'metric':<18}{'value':>9}   {pct}% CI (bootstrap over tasks)",
         f"  {'pass@1':<18}{report.pass_at_1.value:>9.3f}   "

@@ -342,6 +342,7 @@ class Rank0Driver:
 
     def evaluate(self) -> tuple[EvalReport, list[Trajectory]]:
         """Play the held-out tasks with the engine's current weights, alone on the engine."""
+        from tir_rl.evaluate import stated_sampling
         from tir_rl.report.eval_stats import build_report
         from tir_rl.runtime import task_specs
 
@@ -358,6 +359,7 @@ class Rank0Driver:
             split=self.config.env.eval_split,
             k=cfg.eval_samples_per_task,
             wall_time_s=time.perf_counter() - t0,
+            sampling=stated_sampling(self.config),
         )
         return report, trajectories
 

