@@ -1,8 +1,6 @@
 """A real `vllm serve` on loopback with a tiny model, reached through VLLMHttpEngine."""
 
 import asyncio
-import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -22,25 +20,10 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 PROMPT = [1, 504, 2462, 314, 253, 1789, 30, 198]
 
 
-CARD = {"repetition_penalty": 1.5, "presence_penalty": 1.0, "top_k": 3, "top_p": 0.5}
-"""Sampling settings the served model's `generation_config.json` asks for: vLLM's server
-applies them to a request that leaves them out, and the trainer would not replay them."""
-
-
 @pytest.fixture(scope="module")
-def carded_model(tiny_model_path, tmp_path_factory) -> Path:
-    """The tiny model with a model card's sampling settings in its generation config."""
-    folder = tmp_path_factory.mktemp("carded") / "tiny"
-    shutil.copytree(tiny_model_path, folder)
-    generation = json.loads((folder / "generation_config.json").read_text())
-    (folder / "generation_config.json").write_text(json.dumps(generation | CARD))
-    return folder
-
-
-@pytest.fixture(scope="module")
-def server(carded_model, vllm_serve):
+def server(tiny_model_path, vllm_serve):
     config = VLLMLocalEngine.Config(
-        model_path=str(carded_model),
+        model_path=str(tiny_model_path),
         max_model_len=256,
         kv_cache_gib=0.0625,
         max_num_seqs=32,
@@ -67,16 +50,15 @@ def engine(server, tmp_path_factory):
         yield engine
 
 
-def test_model_info_comes_from_the_server(engine, carded_model):
+def test_model_info_comes_from_the_server(engine, tiny_model_path):
     info = engine.model_info
-    assert info.model_path == str(carded_model)
+    assert info.model_path == str(tiny_model_path)
     assert info.max_model_len == 256
     assert info.logprobs_mode == "processed_logprobs"
     assert info.dtype == "float32"
 
 
 def test_sampled_ids_and_logprobs_match_transformers_fp32(engine, hf_model):
-    """Whatever the served model's card asks for (`CARD`): the request's settings hold."""
     result = asyncio.run(
         engine.generate(
             GenerateRequest(prompt_token_ids=PROMPT, max_tokens=12, temperature=0.7, seed=3)
