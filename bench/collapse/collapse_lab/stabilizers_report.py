@@ -170,17 +170,17 @@ def change_rows(group: list[Run]) -> dict[int, list[float]]:
     return out
 
 
-def cost_table(by_cell: dict[tuple[str, str], list[Run]]) -> list[str]:
-    base = change_rows(by_cell.get((COST_CAUSE, BASELINE_ARM), []))
+def change_table(groups: dict[str, list[Run]], baseline: str, label: str) -> list[str]:
+    """Each group's paired held-out change (per seed, pooled over seeds and tasks) and its
+    difference from the `baseline` group's, paired by seed and task; `label` heads the first
+    column."""
+    base = change_rows(groups.get(baseline, []))
     lines = [
-        f"| arm | seeds | paired change per seed [95% CI] | pooled change [95% CI, seeds × "
-        f"tasks] | minus {BASELINE_ARM}'s, paired by seed and task [95% CI] |",
+        f"| {label} | seeds | paired change per seed [95% CI] | pooled change [95% CI, seeds × "
+        f"tasks] | minus {baseline}'s, paired by seed and task [95% CI] |",
         "|---|---|---|---|---|",
     ]
-    for arm in STABILIZER_ARMS:
-        group = by_cell.get((COST_CAUSE, arm))
-        if not group:
-            continue
+    for name, group in groups.items():
         rows = change_rows(group)
         per_seed = "; ".join(
             f"s{r.seed} {change}" for r in group if (change := paired_change(r)) is not None
@@ -188,14 +188,20 @@ def cost_table(by_cell: dict[tuple[str, str], list[Run]]) -> list[str]:
         pooled: Estimate | None = bootstrap_seeds_and_tasks(list(rows.values())) if rows else None
         shared = sorted(set(rows) & set(base))
         diff = "–"
-        if arm != BASELINE_ARM and shared:
+        if name != baseline and shared:
             paired = [[a - b for a, b in zip(rows[s], base[s], strict=True)] for s in shared]
             diff = f"{bootstrap_seeds_and_tasks(paired)} (seeds {', '.join(map(str, shared))})"
         lines.append(
-            f"| {arm} | {', '.join(str(r.seed) for r in group)} | {per_seed or '–'} | "
+            f"| {name} | {', '.join(str(r.seed) for r in group)} | {per_seed or '–'} | "
             f"{pooled if pooled is not None else '–'} | {diff} |"
         )
     return lines
+
+
+def cost_table(by_cell: dict[tuple[str, str], list[Run]]) -> list[str]:
+    groups = {arm: by_cell[(COST_CAUSE, arm)] for arm in STABILIZER_ARMS
+              if by_cell.get((COST_CAUSE, arm))}  # fmt: skip
+    return change_table(groups, BASELINE_ARM, "arm")
 
 
 def report_text(runs: list[Run]) -> str:
