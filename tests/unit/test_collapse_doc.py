@@ -163,3 +163,21 @@ def test_the_stabilizer_guard_record_is_what_guard_signal_py_writes_from_the_kep
         "bench/collapse/results/guard_new bench/collapse/results/stabilizers "
         "> bench/collapse/results/stabilizers/guard_signal.md"
     )
+
+
+def test_the_truncation_report_is_what_truncation_report_py_writes_from_the_kept_runs():
+    from collapse_lab.truncation_report import report_text as truncation_text
+
+    committed = (RESULTS / "truncation" / "report.md").read_text()
+    regenerated = truncation_text(_kept("truncation"))
+    assert regenerated + "\n" == committed, (
+        "run: python bench/collapse/truncation_report.py bench/collapse/results/truncation "
+        "> bench/collapse/results/truncation/report.md"
+    )
+    rows = [line for line in regenerated.splitlines() if line.startswith("| top_p")]
+    mismatch_doc = (ROOT / "docs" / "mismatch.md").read_text()
+    missing = [row for row in rows if row not in mismatch_doc]
+    assert len(rows) == 6 and not missing, (
+        "paste the tables of bench/collapse/results/truncation/report.md into docs/mismatch.md "
+        f"(truncated sampling); missing rows: {missing}"
+    )
