@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from collections import defaultdict
 from pathlib import Path
 
-from collapse_lab.report import Run, load_runs
+from collapse_lab.report import Run, _by_setting, load_runs
 from collapse_lab.stabilizers_report import change_table
 from collapse_lab.verdict import values_by_step
 
@@ -37,10 +36,9 @@ SEEN = (
 
 
 def by_setting(runs: list[Run]) -> dict[str, list[Run]]:
-    groups: dict[str, list[Run]] = defaultdict(list)
-    for run in sorted(runs, key=lambda r: r.seed):
-        groups[run.setting].append(run)
-    return dict(sorted(groups.items(), key=lambda kv: (kv[0] != BASELINE, kv[0])))
+    """The report's groups (seeds in order), the baseline first."""
+    ordered = sorted(_by_setting(runs).items(), key=lambda kv: (kv[0] != BASELINE, kv[0]))
+    return {name: sorted(group, key=lambda r: r.seed) for name, group in ordered}
 
 
 def seen_table(groups: dict[str, list[Run]]) -> list[str]:
