@@ -13,6 +13,10 @@ VENV=${TIR_RL_VENV:-$PWD/.venv}
 # Two workers: much of an integration test waits on an engine, a server or a subprocess, so
 # the two cores are better used by two tests at once (tests/conftest.py groups them).
 # TIR_RL_TEST_WORKERS=0 runs in this process (e.g. to debug with -s or --pdb).
+# Each test's span goes to the timeline (`python bench/test_timeline.py runs/test_timeline.jsonl`).
+mkdir -p runs
+export TIR_RL_TEST_TIMELINE=${TIR_RL_TEST_TIMELINE:-$PWD/runs/test_timeline.jsonl}
+: > "$TIR_RL_TEST_TIMELINE"
 WORKERS=(-n "${TIR_RL_TEST_WORKERS:-2}" --dist loadgroup --durations=30)
 if [[ "${TIR_RL_TEST_FAST:-0}" == 1 ]]; then
     exec "$VENV/bin/python" -m pytest "${WORKERS[@]}" -m "not slow" "$@"

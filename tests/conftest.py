@@ -10,11 +10,19 @@ what a pids-limit or busy-uid test measures. Without xdist the grouping does not
 
 from __future__ import annotations
 
+import json
+import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 _ROOT = Path(__file__).parent
+TIMELINE_VAR = "TIR_RL_TEST_TIMELINE"
+"""A file to which each test appends when it ran, on which worker, and its group (set by
+`scripts/test.sh`; `python bench/test_timeline.py FILE` reads it): where a run's wall time
+went, and whether a worker idled at the end."""
 _SANDBOX_USERS = ("integration/sandbox", "integration/envs", "unit/sandbox", "unit/envs")
 """Folders whose tests start sandbox processes (Docker containers, bubblewrap, the checker)."""
 
@@ -80,3 +88,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
             return _group_of(nodeid.split("::", 1)[0])
 
     return GroupScheduling(config, log)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Append the test's span (set-up, call and tear-down) to the timeline, when asked."""
+    timeline = os.environ.get(TIMELINE_VAR)
+    start = time.time()
+    yield
+    if timeline:
+        span = {
+            "test": item.nodeid,
+            "group": _group(item),
+            "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+            "start": start,
+            "end": time.time(),
+        }
+        with open(timeline, "a") as out:  # one short line per write: workers may interleave
+            out.write(json.dumps(span) + "\n")
