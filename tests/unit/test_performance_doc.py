@@ -10,6 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "performance.md").read_text()
 SHARED_PREFIX_RECORDS = ROOT / "bench" / "shared_prefix_records"
 PREFIX_CACHE_RECORDS = ROOT / "bench" / "prefix_cache_records"
+ENGINE_START_RECORDS = ROOT / "bench" / "engine_start_records"
 
 
 def bench_report(script: str) -> str:
@@ -52,3 +53,10 @@ def test_the_agent_loop_rows_are_the_report():
     assert len(rows) == len(list((ROOT / "bench" / "agent_loop_records").glob("*.txt"))) >= 5
     for row in rows:
         assert row in DOC, row
+
+
+@pytest.mark.parametrize("record", sorted(ENGINE_START_RECORDS.glob("*.txt")), ids=str)
+def test_each_kept_engine_start_measurement_is_quoted_whole(record):
+    quoted = table_lines(record.read_text(), "| phase ", 5)  # start, sample, close, tokens/s
+    assert len(quoted) == 6
+    assert "\n".join(quoted) in DOC

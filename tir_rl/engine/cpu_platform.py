@@ -12,11 +12,14 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tir_rl.engine.start_environment import variable_for_start
 from tir_rl.errors import ConfigError
 from tir_rl.process.cpu_cores import format_cpu_list, parse_cpu_list
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +42,7 @@ CPU_PREFIX_CACHE_BLOCK_SIZE = 32
 _RESERVED_CORES_VAR = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 _BOUND_CORES_VAR = "VLLM_CPU_OMP_THREADS_BIND"
 _SPLIT_KV_VAR = "VLLM_CPU_ATTN_SPLIT_KV"
+_MULTIPROCESSING_VAR = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
 @contextlib.contextmanager
@@ -54,6 +58,46 @@ def thread_environment(config: CpuSettings) -> Iterator[None]:
         variable_for_start(_BOUND_CORES_VAR, bound),
         variable_for_start(_SPLIT_KV_VAR, None if split is None else str(int(split))),
     ):
+        yield
+
+
+@contextlib.contextmanager
+def worker_in_engine_core() -> Iterator[None]:
+    """On a CPU, run the engine's one model worker inside its engine-core process.
+
+    That is vLLM's layout on one GPU. vLLM-CPU otherwise starts the worker as a process of
+    its own (it sets the worker's OpenMP threads through that process's environment), and
+    every start spawns and imports vLLM twice (`python bench/engine_start.py` measures what
+    that costs). `omp_environment` gives the engine-core process the threads the worker
+    would have had. vLLM reads the choice while it builds the config (the CPU platform turns
+    a one-process executor into its own-process one unless `VLLM_ENABLE_V1_MULTIPROCESSING`
+    is 0); `AsyncLLM` runs its engine core in a child process either way. A user's own
+    `VLLM_ENABLE_V1_MULTIPROCESSING=1` keeps vLLM's layout.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        yield
+        return
+    with variable_for_start(_MULTIPROCESSING_VAR, "0"):
+        yield
+
+
+@contextlib.contextmanager
+def omp_environment(vllm_config: VllmConfig) -> Iterator[None]:
+    """The OpenMP variables vLLM-CPU gives its model worker, for the engine core's start.
+
+    Thread count, places and binding, set while the engine-core process starts when that
+    process runs the worker itself (`worker_in_engine_core`); nothing otherwise.
+    """
+    from vllm.platforms import current_platform
+    from vllm.utils.ompmultiprocessing import OMPProcessManager
+
+    backend = vllm_config.parallel_config.distributed_executor_backend
+    if not current_platform.is_cpu() or backend != "uni":
+        yield
+        return
+    with OMPProcessManager(vllm_config).configure_omp_envs(rank=0, local_rank=0):
         yield
 
 

@@ -265,8 +265,11 @@ class VLLMLocalEngine(SingleEngine):
             cpu_platform.thread_environment(c),
             batch_invariance.environment(bool(c.batch_invariant)),
             console.child_output(),
+            cpu_platform.worker_in_engine_core(),
         ):
-            return AsyncLLM.from_engine_args(args)
+            vllm_config = args.create_engine_config()
+            with cpu_platform.omp_environment(vllm_config):
+                return AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=True)
 
     async def _label_start(self) -> None:
         """Label the checkpoint's weights version 0 (vLLM's own label is "default")."""
