@@ -4,7 +4,8 @@
     python bench/lab_learns_async.py --seed 3 --core 1 --set run.steps=4
     python bench/lab_learns_async.py --report bench/lab_learns_records
 
-The run is `tests/integration/train/test_train_learns.py`'s, from where that test takes it,
+The run is that of the asynchronous learning test of 2026-11 (tests/integration/train/
+test_train_learns.py, since merged into the asynchronous LoRA test), from
 `collapse_lab.lab_learns` (`train_lab_model` with its `ASYNCHRONOUS` settings:
 configs/lab_learns.yaml, the lab model at logit scale 0.36); `--set` changes any other
 setting. The record keeps held-out pass@1 before and after with the paired change, and per

@@ -6,7 +6,7 @@
         --steps 12 --set run.tasks_per_step=8 --set run.group_size=8 --set run.eval_tasks=128 \
         --set run.eval_samples_per_task=2
 
-The run is `configs/lab_learns.yaml`, that of `tests/integration/train/test_train_learns.py`
+The run is `configs/lab_learns.yaml`, the lab model's learning run (`collapse_lab.lab_learns`)
 (the lab model at logit scale 0.36, MultiHop horizon 1, 6 steps of 6 tasks x 4 samples,
 held-out pass@1 on 64 tasks), with LoRA adapters on `--targets` instead of the final norm's
 weight; `--set` changes any other setting (the third command is the LoRA learning test's run).

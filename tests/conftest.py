@@ -35,7 +35,6 @@ LONGEST_FIRST = (
     "integration/engine/test_doctor_causes.py",
     "integration/train/test_train_learns_lora.py",
     "integration/train/test_train_learns_full_weight.py",
-    "integration/train/test_train_learns.py",
     "integration/test_documented_commands.py",
     "integration/test_slurm_launch.py",
     "integration/train/test_train_lora.py",

@@ -11,7 +11,6 @@ Modules: `settings` (the named suites), `run` (runs a suite), `verdict` (did a r
 `report` (judge, plot and tabulate a folder of runs), `keep` (copy a folder's records into
 the repository), `detection`, `guard_signal`, `sequence_study`, `replay_corrections` and
 `stabilizers_report` (the studies over kept records), `drift_episodes` (the episodes of
-bench/precision_drift.py's study). `lab_learns` is the learning tests' run, kept here so that
-tests/integration/train/test_train_learns.py and the benches that measure it share one
-definition.
+bench/precision_drift.py's study). `lab_learns` is the lab model's learning run, one definition
+for the benches that measure it.
 """

@@ -1,7 +1,8 @@
-"""The learning tests' run: GRPO on a less confident lab model (configs/lab_learns.yaml).
+"""The lab model's learning run: GRPO on a less confident lab model (configs/lab_learns.yaml).
 
-One definition for the test that asserts it learns
-(tests/integration/train/test_train_learns.py) and the benches that measure it: how often it
+The asynchronous learning test's run until 2026-12-02 (tests/integration/train/
+test_train_learns.py, since merged into the asynchronous LoRA test); one definition for the
+benches that measure it: how often it
 learns, seed after seed (bench/lab_learns_async.py), and LoRA adapters in place of the final
 norm's weight (bench/lora_lab_learning.py). The run starts from the lab model with its logits
 scaled down (`START_SCALE`) and trains MultiHop at horizon 1, 6 steps of 6 tasks x 4 samples,
