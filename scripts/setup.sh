@@ -84,6 +84,8 @@ sandbox() {
 
 start=$(date +%s)
 python_env
-bundled_model
+bundled_model &  # the models and the sandbox image need only the Python environment
+models=$!
 sandbox
+wait "$models"
 log "ready in $(( $(date +%s) - start )) s (venv: $VENV)"

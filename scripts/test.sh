@@ -3,11 +3,17 @@
 # TIR_RL_TEST_FAST=1 (make test-fast) skips the tests marked slow. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
 # verifiers in a venv of its own (it needs openai<3), for the slow verifiers test (seconds
-# the first time, bench/verifiers_records/cost.txt; then a stamp check).
+# the first time, bench/verifiers_records/cost.txt; then a stamp check). It needs nothing of
+# the project's set-up, so both run at once.
+verifiers_setup=
 if [[ "${TIR_RL_TEST_FAST:-0}" != 1 ]]; then
-    bash scripts/setup_verifiers.sh
+    bash scripts/setup_verifiers.sh &
+    verifiers_setup=$!
+fi
+bash scripts/setup.sh
+if [[ -n $verifiers_setup ]]; then
+    wait "$verifiers_setup"
 fi
 VENV=${TIR_RL_VENV:-$PWD/.venv}
 # Two workers: much of an integration test waits on an engine, a server or a subprocess, so

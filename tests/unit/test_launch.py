@@ -168,7 +168,7 @@ def test_the_slurm_script_runs_each_trainer_node_with_its_rank_on_a_fake_slurm(t
     calls = log.read_text().splitlines()
     secret_file = config.run_dir / "launch" / "secret"
     assert calls[0] == f"secret= -m tir_rl.process.run_secret {secret_file}"
-    servers = [c for c in calls if "vllm.entrypoints" in c]
+    servers = [c for c in calls if "tir_rl.engine.in_vllm.serve" in c]
     assert len(servers) == 2 and all(c.startswith(f"secret={secret_file} ") for c in servers)
     trainers = [c for c in calls if " train " in c]
     assert len(trainers) == 2

@@ -11,6 +11,7 @@ DOC = (ROOT / "docs" / "performance.md").read_text()
 SHARED_PREFIX_RECORDS = ROOT / "bench" / "shared_prefix_records"
 PREFIX_CACHE_RECORDS = ROOT / "bench" / "prefix_cache_records"
 ENGINE_START_RECORDS = ROOT / "bench" / "engine_start_records"
+SERVER_START_RECORDS = ROOT / "bench" / "server_start_records"
 
 
 def bench_report(script: str) -> str:
@@ -55,8 +56,12 @@ def test_the_agent_loop_rows_are_the_report():
         assert row in DOC, row
 
 
-@pytest.mark.parametrize("record", sorted(ENGINE_START_RECORDS.glob("*.txt")), ids=str)
-def test_each_kept_engine_start_measurement_is_quoted_whole(record):
+@pytest.mark.parametrize(
+    "record",
+    sorted([*ENGINE_START_RECORDS.glob("*.txt"), *SERVER_START_RECORDS.glob("*.txt")]),
+    ids=str,
+)
+def test_each_kept_engine_and_server_start_measurement_is_quoted_whole(record):
     quoted = table_lines(record.read_text(), "| phase ", 5)  # start, sample, close, tokens/s
     assert len(quoted) == 6
     assert "\n".join(quoted) in DOC

@@ -101,6 +101,19 @@ def omp_environment(vllm_config: VllmConfig) -> Iterator[None]:
         yield
 
 
+def one_worker_omp_environment() -> contextlib.AbstractContextManager[None]:
+    """`omp_environment` for a process that starts one engine core running one worker.
+
+    For tir-rl's `vllm serve` (`tir_rl.engine.in_vllm.serve`), which runs one worker per
+    server: the threads do not depend on anything else its config holds. Call it inside
+    `worker_in_engine_core`.
+    """
+    from vllm.config import ParallelConfig, VllmConfig
+
+    one_worker = ParallelConfig(distributed_executor_backend="uni")
+    return omp_environment(VllmConfig(parallel_config=one_worker))
+
+
 def check_platform_settings(config: CpuSettings) -> None:
     """Refuse CPU-only settings elsewhere and block sizes vLLM-CPU rejects; warn of overrides."""
     from vllm.platforms import current_platform

@@ -529,7 +529,7 @@ def serve_command(
 
     config.validate()
     cmd = [
-        python, "-m", "vllm.entrypoints.openai.api_server",
+        python, "-m", "tir_rl.engine.in_vllm.serve",
         "--model", str(resolve_model(config.model_path)),
         "--dtype", config.dtype,
         "--max-model-len", str(config.max_model_len),

@@ -204,3 +204,26 @@ def test_a_stopped_server_fails_its_health_check_and_a_pool_leaves_it(server, en
     finally:
         api_server.resume()
     assert asyncio.run(engine.responsive(10.0))
+
+
+def test_the_server_runs_its_model_inside_the_engine_core_on_the_worker_s_cores(server):
+    """`tir_rl.engine.in_vllm.serve`: no worker process of its own; the engine core computes
+    on the cores vLLM-CPU would give its worker (its environment is not readable: vLLM
+    rewrites the process title over it)."""
+    import os
+
+    import psutil
+
+    from tir_rl.engine import cpu_platform
+
+    processes = psutil.Process(server.pid).children(recursive=True)
+    names = {p.pid: p.name() for p in processes}
+    assert "VLLM::Worker" not in names.values(), names
+    cores = [pid for pid, name in names.items() if name == "VLLM::EngineCore"]
+    assert len(cores) == 1, names
+    with cpu_platform.worker_in_engine_core(), cpu_platform.one_worker_omp_environment():
+        listed = os.environ.get("GOMP_CPU_AFFINITY") or os.environ["OMP_PLACES"].strip("{}")
+    allowed = {int(c) for c in listed.replace(",", " ").split()}
+    assert allowed < set(os.sched_getaffinity(0))  # one core at least is kept for the server
+    for thread in psutil.Process(cores[0]).threads():
+        assert os.sched_getaffinity(thread.id) <= allowed

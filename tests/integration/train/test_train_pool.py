@@ -61,7 +61,7 @@ def _server_processes(launcher: psutil.Process) -> list[psutil.Process]:
     return [
         p
         for p in launcher.children(recursive=False)
-        if "vllm.entrypoints.openai.api_server" in " ".join(p.cmdline())
+        if "tir_rl.engine.in_vllm.serve" in " ".join(p.cmdline())
     ]
 
 
