@@ -149,6 +149,11 @@ def logged_by_all(sigs: Sequence[Signals], key: str) -> bool:
     return bool(sigs) and all(s.by_key[key] for s in sigs)
 
 
+def logged_by(sigs: Sequence[Signals], key: str) -> list[Signals]:
+    """The runs that logged the signal (a metric logged only by newer runs)."""
+    return [s for s in sigs if s.by_key[key]]
+
+
 def compared_values(values: dict[int, float], key: str, smooth: int) -> dict[int, float]:
     """What a guard with one absolute limit on `key` compares with its limit, at each step it
     compares: the trailing mean over `smooth` steps (a non-finite value: the value itself,
@@ -323,7 +328,7 @@ def study(tuning: list[Run], new: list[Run], smooth: int, min_lead: int) -> str:
     sigs = [signals(r) for r in tuning]
     new_sigs = [signals(r) for r in new]
     tuned = [k for k in NAMES if logged_by_all(sigs, k)]
-    new_only = [k for k in NAMES if k not in tuned and logged_by_all(new_sigs, k)]
+    new_only = {k: logged for k in NAMES if k not in tuned and (logged := logged_by(new_sigs, k))}
     out = [
         f"{len(tuning)} tuning runs; limits on the {smooth}-step trailing mean; warned = first "
         f"alert at least {min_lead} steps before a persisting collapse; grid "
@@ -344,14 +349,20 @@ def study(tuning: list[Run], new: list[Run], smooth: int, min_lead: int) -> str:
             f"{found.false_alarms}/{found.holds} holds with a false alarm"
         )
     detectors = [REFERENCE, *frozen]
-    if new_only:
+    for key, logged in new_only.items():
+        limit, found = choose_limit(logged, key, smooth, min_lead)
         out += [
             "",
-            f"Signals the tuning runs did not log ({', '.join(NAMES[k] for k in new_only)}): "
-            "leave one cause out among the new runs (the limit chosen on the other causes' new "
+            f"{NAMES[key]}, which the tuning runs did not log: leave one cause out among the "
+            f"{len(logged)} new runs that logged it (the limit chosen on the other causes' "
             "runs, judged on the held-out cause's):",
             "",
-            *loco_table(new_sigs, smooth, min_lead, new_only),
+            *loco_table(logged, smooth, min_lead, [key]),
+            "",
+            f"- {NAMES[key]}: limit {limit:g} chosen on all {len(logged)} of them (in sample: "
+            f"no run was left to judge it on); on them {found.warned}/{found.collapses} "
+            f"persisting collapses warned, {found.false_alarms}/{found.holds} holds with a "
+            "false alarm",
         ]
     if new:
         out += [
