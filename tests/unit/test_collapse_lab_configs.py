@@ -74,6 +74,27 @@ def test_map_setting_loads_on_the_trained_lab_models_config(setting) -> None:
         assert config.run.steps == int(setting.name.rsplit("_", 1)[1]), setting.name
 
 
+@pytest.mark.parametrize("cause", ["stale", "raw", "async", "none"])
+def test_each_stabilizer_arm_runs_in_its_own_update_mode_or_else_in_the_cause_s(cause) -> None:
+    from collapse_lab.settings import STABILIZER_CAUSES
+
+    cause_bypasses = STABILIZER_CAUSES[cause][1] == "bypass"
+    for setting in suite(f"stabilizers_{cause}"):
+        chosen = list(setting.overrides)
+        overrides = ["model=tiny", *LAB_SFT_SIZE, *lab_clean_eval(chosen, LAB_SFT_CONFIG), *chosen]
+        config = load(RunConfig, LAB_SFT_CONFIG, overrides)
+        arm = setting.name.removeprefix(f"{cause}_")
+        bypasses = config.correction.bypass != "off"
+        if arm in ("uncorrected", "preset"):
+            assert bypasses == cause_bypasses, setting.name
+        else:  # VCPO and the combination recompute; the others take their ratio to the sampler
+            assert bypasses == (arm not in ("vcpo", "preset_vcpo")), setting.name
+        if arm.startswith("preset"):
+            assert config.correction.geo_mask is not None, setting.name
+        vcpo = arm.endswith("vcpo")
+        assert config.trainer.ess_step_size.enabled == config.trainer.optimal_baseline == vcpo
+
+
 def test_map_covers_both_update_modes_at_two_horizons_for_every_mismatch() -> None:
     from collapse_lab.settings import MAP_MISMATCHES
 

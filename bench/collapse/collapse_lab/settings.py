@@ -322,11 +322,13 @@ STABILIZER_CAUSES: dict[str, tuple[tuple[str, ...], str, str]] = {
 (`--lab-sft`), the update mode their uncorrected arm runs in, and a label. `none` is the cost
 of stability: each arm on make train's own setting."""
 
+VCPO_SWITCHES = ("trainer.ess_step_size.enabled=true", "trainer.optimal_baseline=true")
+"""VCPO's two variance controls, each a switch of tir-rl's trainer."""
+
 VCPO = (
     "correction_preset=seq_tis",
     "correction.is_cap=8.0",
-    "trainer.ess_step_size.enabled=true",
-    "trainer.optimal_baseline=true",
+    *VCPO_SWITCHES,
     "loss.aggregation=sequence_mean",
 )
 """VCPO as its authors run it (vcpo `vcpo_k=10.sh`): sequence-level truncated IS at 8 on the
@@ -350,14 +352,20 @@ STABILIZER_ARMS: dict[str, tuple[tuple[str, ...] | None, str]] = {
     "gspo": ((*BYPASS, "loss.name=gspo"), "GSPO (clip 3e-4 / 4e-4), ratio to the sampler"),
     "cispo": ((*BYPASS, "loss.name=cispo"), "CISPO (weight clip 1.2), ratio to the sampler"),
     "vcpo": (VCPO, "VCPO: sequence TIS 8, ESS-scaled step, optimal baseline"),
+    "preset_vcpo": (
+        ("correction_preset=geo_rs_token_tis", *VCPO_SWITCHES),
+        "the combination (chosen 2026-12-03, after stale and async, before raw): the preset's "
+        "weights on the decoupled update with VCPO's ESS-scaled step and optimal baseline",
+    ),
 }  # fmt: skip
 """The arms, each with its update mode where it has its own: DPPO, GSPO and CISPO take their
 ratio against the sampler (bypass mode, DPPO's authors' recommendation): with tir-rl's one
 optimizer step per batch their ratio to the recompute is exactly 1 and they would all be
-plain policy gradient. None: the cause's mode with no correction. `bypass` (PPO's clip in
-bypass mode) was added after the first seed of `stale`, where every bypass arm held: it tells
-what the arms owe to the anchor and what to their own formula (under `raw`, whose own mode
-is bypass, it is the uncorrected arm)."""
+plain policy gradient. `uncorrected` and `preset` run in the cause's own mode (`arm_mode`);
+VCPO and the combination `preset_vcpo` recompute (decoupled) under every cause. `bypass`
+(PPO's clip in bypass mode) was added after the first seed of `stale`, where every bypass arm
+held: it tells what the arms owe to the anchor and what to their own formula (under `raw`,
+whose own mode is bypass, it is the uncorrected arm)."""
 
 
 def truncation_suite() -> list[Setting]:
@@ -380,18 +388,38 @@ def stabilizers_suite(cause: str) -> list[Setting]:
     if cause not in STABILIZER_CAUSES:
         raise SystemExit(f"unknown cause {cause!r}: choose {', '.join(STABILIZER_CAUSES)}")
     overrides, mode, label = STABILIZER_CAUSES[cause]
-    mode_overrides = BYPASS if mode == "bypass" else ()
     settings = []
     for arm, (arm_overrides, what) in STABILIZER_ARMS.items():
-        chosen = (*mode_overrides, "correction_preset=none") if arm_overrides is None else ()
         settings.append(
             Setting(
                 f"{cause}_{arm}",
-                (*overrides, "correction_preset=none", *chosen, *(arm_overrides or ())),
+                (
+                    *overrides,
+                    "correction_preset=none",
+                    *arm_mode(arm, mode),
+                    *(arm_overrides or ()),
+                ),
                 f"{label}; {what}",
             )
         )
     return settings
+
+
+def arm_mode(arm: str, cause_mode: str) -> tuple[str, ...]:
+    """The update-mode overrides an arm runs with under a cause whose uncorrected update runs
+    in `cause_mode`: the cause's mode for the arms without one of their own (`uncorrected`,
+    `preset`), nothing for the arms that set theirs (bypass mode for DPPO, GSPO, CISPO and
+    `bypass`; VCPO's decoupled recompute)."""
+    if arm not in ARMS_IN_THE_CAUSE_S_MODE or cause_mode != "bypass":
+        return ()
+    return BYPASS
+
+
+ARMS_IN_THE_CAUSE_S_MODE = frozenset({"uncorrected", "preset"})
+"""Until 2026-12-03 only `uncorrected` took the cause's mode and `preset` ran decoupled under
+every cause. That changed no run of `stale`, `async` or `none` (all decoupled); it was found
+before any `raw` run of the preset started (under `raw`, whose mode is bypass, the decoupled
+update alone held 3 of 3 seeds in A2, so a decoupled preset would say nothing of the preset)."""
 
 
 def breaking_point_suite() -> list[Setting]:
