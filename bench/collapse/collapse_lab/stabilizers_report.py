@@ -149,12 +149,22 @@ def matrix(by_cell: dict[tuple[str, str], list[Run]]) -> list[str]:
         "|---|" + "---|" * len(causes),
     ]
     for arm in STABILIZER_ARMS:
-        row = [
-            cell_verdict(by_cell[(c, arm)]) if (c, arm) in by_cell else "not run" for c in causes
-        ]
-        if any(cell != "not run" for cell in row):
+        row = [_matrix_cell(by_cell, c, arm) for c in causes]
+        if any(cell not in ("not run", SAME_AS_UNCORRECTED) for cell in row):
             lines.append(f"| {arm} | " + " | ".join(row) + " |")
     return lines
+
+
+SAME_AS_UNCORRECTED = "= uncorrected"
+"""The `bypass` control under a cause whose own mode is bypass: the same run as `uncorrected`."""
+
+
+def _matrix_cell(by_cell: dict[tuple[str, str], list[Run]], cause: str, arm: str) -> str:
+    if (cause, arm) in by_cell:
+        return cell_verdict(by_cell[(cause, arm)])
+    if arm == "bypass" and STABILIZER_CAUSES[cause][1] == "bypass":
+        return SAME_AS_UNCORRECTED
+    return "not run"
 
 
 def change_rows(group: list[Run]) -> dict[int, list[float]]:
