@@ -4,8 +4,9 @@
 
 The rule (bench/collapse/stabilizers_plan.md, addendum of 2026-12-03): a run is stopped at a
 held-out evaluation when its training reward was 0 at each of the `WINDOW` steps up to it and
-that evaluation's clean held-out pass@1 is 0. It gets SIGINT, as a Ctrl-C: the run writes its
-checkpoint and exits, `run.py` records the attempt without a `DONE` marker, and the suite goes
+that evaluation's clean held-out pass@1 is 0. It gets SIGTERM, as from `scancel` (a suite
+started in the background ignores SIGINT, and so do its runs): the run writes its checkpoint
+and exits, `run.py` records the attempt without a `DONE` marker, and the suite goes
 on with its next run. Polls every run folder under the given one until killed.
 """
 
@@ -56,7 +57,7 @@ def main() -> None:
                 ["pgrep", "-f", f"run.name={run.name} "], capture_output=True, text=True
             )
             for pid in found.stdout.split():
-                os.kill(int(pid), signal.SIGINT)
+                os.kill(int(pid), signal.SIGTERM)
             print(f"{time.strftime('%T')} {run.name}: stopped at step {step}", flush=True)
             stopped.add(run.name)
         time.sleep(5)

@@ -10,9 +10,14 @@ from tir_rl.trainer import UpdateStatus
 
 
 class FakeTrainer:
-    """Stands in for the trainer: a scoring pass returns a marker."""
+    """Stands in for the trainer: a scoring pass returns a marker and keeps the run's step
+    it was given (the guard names its alerts by it)."""
 
-    def score_step(self, batch, *, guard):
+    def __init__(self) -> None:
+        self.run_steps: list[int] = []
+
+    def score_step(self, batch, *, guard, run_step):
+        self.run_steps.append(run_step)
         return "scored"
 
 
@@ -30,9 +35,11 @@ def test_a_run_of_failed_steps_is_refused_with_the_first_error():
 
 
 def test_one_step_that_sampled_is_enough_and_failed_steps_in_a_row_stop_the_run():
-    update = Update(FakeTrainer(), guard=None)
+    trainer = FakeTrainer()
+    update = Update(trainer, guard=None)
     update(0, failed())
     assert update(1, StepWork(batch=object(), advantages=None)) == "scored"
+    assert trainer.run_steps == [1]
     update.check_sampled(2)  # no error
     for step in range(2, 2 + MAX_FAILED_STEPS - 1):
         update(step, failed())

@@ -235,9 +235,9 @@ class CollapseGuard:
         cfg = self.config
         if self.save_dir is None or self.num_saved >= cfg.max_saved:
             return None
-        # A batch without signal is scored and checked at the trainer step of the next update,
-        # which may alert too: each alert keeps its own folder. Each rank looks for the file
-        # it writes itself, so all ranks pick the same folder.
+        # A step checked twice (a caller that names no run step labels by the trainer's
+        # update count, which scored steps do not advance) keeps each alert in its own
+        # folder. Each rank looks for the file it writes itself, so all ranks pick the same.
         mine = f"batch_rank{rank}.pt" if batch is not None else "alert.json"
         folder = Path(self.save_dir) / f"step_{step:06d}"
         repeat = 1

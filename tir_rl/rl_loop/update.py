@@ -89,6 +89,6 @@ class Update:
         self._failed_in_a_row = 0
         self.steps_with_tokens += 1
         if work.advantages is None:  # no signal: score the batch; the guard still watches it
-            return self.trainer.score_step(work.batch, guard=self.guard)
+            return self.trainer.score_step(work.batch, guard=self.guard, run_step=step)
         # One forward per micro-batch; its detached logprobs are ℓ^old.
-        return self.trainer.train_step(work.batch, work.advantages, guard=self.guard)
+        return self.trainer.train_step(work.batch, work.advantages, guard=self.guard, run_step=step)

@@ -127,11 +127,13 @@ def test_a_batch_without_signal_is_scored_and_watched_by_the_guard(make_trainer,
         )
     )
     before = params(trainer)
-    result = trainer.score_step(batch, guard=guard)
+    result = trainer.score_step(batch, guard=guard, run_step=7)
     assert result.skipped and math.isnan(result.loss) and math.isnan(result.grad_norm)
     assert result.metrics["mismatch/token_mult_prob_error"] == pytest.approx(1.1, rel=1e-5)
     assert result.guard is not None and result.stop  # k3 of a 10% gap is ~4.7e-3
     assert [a.metric for a in result.guard.alerts] == ["mismatch/k3_kl"]
+    # named by the run's step: the trainer's update count (0 here) lags behind it
+    assert result.guard.saved_to == tmp_path / "step_000007"
     assert (result.guard.saved_to / "alert.json").is_file()
     assert torch.equal(result.logprobs, trainer.compute_logprobs(batch))
     assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
