@@ -94,7 +94,8 @@ def tiny_config(out_dir, *extra, env_id=FAKE_ENV_ID, engine=LOCAL_ENGINE):
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
     # Without an injection the run's sampler is the clean one: its evaluations count twice.
-    summary = run_train(tiny_config(out, "run.eval_clean_sampler=true", "run.plot_every=1"))
+    # plots drawn at step 2, the last (each drawing costs about a tiny step)
+    summary = run_train(tiny_config(out, "run.eval_clean_sampler=true", "run.plot_every=2"))
     return summary
 
 
@@ -256,7 +257,10 @@ def resumed(tmp_path_factory):
         run_id = (run_dir / "wandb_run_id").read_text().strip() if wandb else None
         # Resumed on rewards that differ within a group: step 2 moves the policy away from the
         # run's starting weights, and step 3 measures its KL to them (not to the resumed ones).
-        resume = load_resume_config(run_dir, ["run.steps=3", f"env.id={FAKE_ENV_ID}"])
+        # W&B's plots are read from the first run only: the resumed steps draw none
+        resume = load_resume_config(
+            run_dir, ["run.steps=3", f"env.id={FAKE_ENV_ID}", "run.plot_every=0"]
+        )
         resumed_summary = run_train(resume, resume=True)
     return ResumedRun(run_dir, resumed_summary, first_rows, first_state, run_id)
 
