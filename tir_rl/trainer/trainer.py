@@ -280,8 +280,6 @@ class Trainer:
         case), so the mismatch metrics are measured and checked like an update's. Nothing is
         skipped (there is no update); a guard's `stop` still ends the run.
 
-        `run_step` names the guard's alerts (`train_step`'s argument).
-
         Returns:
             A `SCORED` result with NaN loss and gradient norm, the global `mismatch/...`
             metrics, the guard's decision, and `compute_logprobs(batch)` as `logprobs`.
@@ -293,13 +291,9 @@ class Trainer:
         metrics = tdist.all_reduce_metrics(metrics)
         decision = None
         if guard is not None:
-            decision = guard.check(
-                self._guard_step(run_step), metrics, batch=batch.tensors(), rank=tdist.rank()
-            )
+            at = self.step if run_step is None else run_step  # see train_step
+            decision = guard.check(at, metrics, batch=batch.tensors(), rank=tdist.rank())
         return StepResult(math.nan, math.nan, UpdateStatus.SCORED, metrics, decision, logprobs)
-
-    def _guard_step(self, run_step: int | None) -> int:
-        return self.step if run_step is None else run_step
 
     def train_step(
         self,
@@ -322,9 +316,7 @@ class Trainer:
             old_logprobs: [B, T] trainer logprobs under the weights that sampled the batch;
                 pass them to reuse one recompute over several steps on the same batch.
             guard: collapse guard consulted before the update is applied.
-            run_step: the run's step (0-based), by which the guard names its alerts; None:
-                this trainer's count of updates (`step`), which falls behind the run's over
-                steps that only scored a batch without signal.
+            run_step: the run's step, naming the guard's alerts (None: `step`, which lags).
 
         Returns:
             Its status, global loss, pre-clip gradient norm, metrics, and the ℓ^old used
@@ -364,9 +356,8 @@ class Trainer:
         if guard is not None:
             watched = totals.metrics | update_columns(totals.loss, totals.grad_norm)
             batch_tensors = batch.tensors() | {"advantages": advantages}
-            decision = guard.check(
-                self._guard_step(run_step), watched, batch=batch_tensors, rank=tdist.rank()
-            )
+            at = self.step if run_step is None else run_step
+            decision = guard.check(at, watched, batch=batch_tensors, rank=tdist.rank())
         lr = self.lr_at(self.step)
         status = self._apply_or_skip(totals, decision, lr)
         clock.mark("apply")
