@@ -20,13 +20,15 @@ import subprocess
 import time
 from pathlib import Path
 
+from tir_rl.report.run_log import read_metrics
+
 WINDOW = 20
 """Steps of training reward 0 before the evaluation."""
 
 
 def collapsed_at_an_evaluation(run: Path) -> int | None:
     """The evaluation step at which `run` meets the rule, while it is still there; else None."""
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    rows = read_metrics(run)  # skips a line the live run is still writing
     rewards = [(r["step"], r["rollout/reward_mean"]) for r in rows if "rollout/reward_mean" in r]
     evals = sorted((int(p.stem.rsplit("_", 1)[1]), p) for p in run.glob("eval_clean_step_*.json"))
     if not evals or not rewards:
