@@ -47,7 +47,8 @@ def main() -> None:
     args = parser.parse_args()
     stopped: set[str] = set()
     while True:
-        for run in sorted(p for p in args.out.iterdir() if p.is_dir()):
+        runs = sorted(p for p in args.out.iterdir() if p.is_dir()) if args.out.is_dir() else []
+        for run in runs:
             if run.name in stopped or (run / "DONE").exists():
                 continue
             if not (run / "metrics.jsonl").exists():
