@@ -41,7 +41,6 @@ LONGEST_FIRST = (
     "integration/engine/test_vllm_local.py",
     "integration/train/test_train_pool.py",
     "integration/rollout/test_chat_families_vllm.py",
-    "integration/engine/test_engine_crash.py",
     "integration/trainer/test_truncated_sampling.py",
     "integration/endpoint/test_endpoint_vllm.py",
     "integration/train/test_train_injection.py",

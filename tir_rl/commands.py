@@ -387,12 +387,13 @@ def cmd_view(args: argparse.Namespace) -> int:
 
     from tir_rl.config import load
     from tir_rl.models import resolve_model
+    from tir_rl.report.run_log import TRAJECTORIES_FILE
     from tir_rl.report.viewer import render_saved
     from tir_rl.run_config import RunConfig
 
     source = Path(args.source)
     run_dir = source if source.is_dir() else source.parent
-    jsonl = source / "trajectories.jsonl" if source.is_dir() else source
+    jsonl = source / TRAJECTORIES_FILE if source.is_dir() else source
     if not jsonl.is_file():
         raise TirError(f"{jsonl} does not exist: give a run folder or a trajectories JSONL file")
     config_path = run_dir / "config.yaml"

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
+from tir_rl.report.run_log import keep_steps_up_to
 from tir_rl.report.sequences import (
     append_sequences,
-    keep_sequences_up_to,
     read_sequences,
     sequence_records,
 )
@@ -71,9 +71,9 @@ def test_a_resumed_run_drops_the_records_of_the_steps_it_replays(tmp_path, batch
             step, batch, batch.sampler_logprobs, advantages=None, kept=None, weights=None,
             trained_version=3,
         ))  # fmt: skip
-    keep_sequences_up_to(path, 2)
+    keep_steps_up_to(path, 2)
     assert [r.step for r in read_sequences(path)] == [1, 1, 2, 2]
-    keep_sequences_up_to(tmp_path / "absent.jsonl", 0)  # a fresh run: nothing to cut
+    keep_steps_up_to(tmp_path / "absent.jsonl", 0)  # a fresh run: nothing to cut
 
 
 def test_a_kept_gzip_copy_reads_back_the_same_records(tmp_path, batch):

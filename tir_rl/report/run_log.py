@@ -29,6 +29,7 @@ from typing import Any
 from tir_rl.types import EpisodeTimings, Message, Role, RolloutStatus, ToolCall, Trajectory
 
 METRICS_FILE = "metrics.jsonl"
+TRAJECTORIES_FILE = "trajectories.jsonl"
 EPISODE_ERRORS_FILE = "episode_errors.jsonl"
 KEPT_METRICS_FILE = f"{METRICS_FILE}.gz"
 
@@ -118,6 +119,20 @@ def save_trajectories(
             if trained_version is not None:
                 row["trained_version"] = int(trained_version)
             f.write(json.dumps(finite_or_none(row), allow_nan=False) + "\n")
+
+
+def keep_steps_up_to(path: Path, step: int) -> None:
+    """Drop the lines of steps after `step` from the JSON-lines file `path`; atomic.
+
+    A resumed run replays the steps after its checkpoint and writes their lines again.
+    """
+    if not path.is_file():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    tmp.replace(path)
 
 
 def append_episode_errors(path: Path, trajectories: Iterable[Trajectory], step: int) -> None:

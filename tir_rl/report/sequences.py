@@ -109,16 +109,6 @@ def append_sequences(path: Path, records: Sequence[SequenceRecord]) -> None:
             file.write(json.dumps(asdict(record)) + "\n")
 
 
-def keep_sequences_up_to(path: Path, step: int) -> None:
-    """Drop the records of steps after `step` (a resumed run replays them); atomic."""
-    if not path.is_file():
-        return
-    kept = [asdict(r) for r in read_sequences(path) if r.step <= step]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
-    tmp.replace(path)
-
-
 def read_sequences(path: Path) -> list[SequenceRecord]:
     """The records of a `sequences.jsonl`, or of its gzip copy `sequences.jsonl.gz`."""
     opener = gzip.open if path.suffix == ".gz" else open

@@ -13,10 +13,16 @@ from typing import TYPE_CHECKING, Any
 
 from tir_rl.errors import ConfigError
 from tir_rl.mismatch.staleness import mismatch_by_lag, staleness_metrics, token_lags
+from tir_rl.report.run_log import (
+    EPISODE_ERRORS_FILE,
+    TRAJECTORIES_FILE,
+    append_episode_errors,
+    keep_steps_up_to,
+    save_trajectories,
+)
 from tir_rl.report.sequences import (
     SEQUENCES_FILE,
     append_sequences,
-    keep_sequences_up_to,
     sequence_records,
 )
 from tir_rl.report.step_metrics import StepOutcome, episode_row, step_row
@@ -126,7 +132,8 @@ class Rank0Driver:
         self.engine: MeteredEngine = runtime.engine
         self.metrics = metrics
         self.run_dir = config.run_dir
-        keep_sequences_up_to(self.run_dir / SEQUENCES_FILE, position.step)  # a resume replays
+        for replayed in (SEQUENCES_FILE, TRAJECTORIES_FILE):  # a resume replays later steps
+            keep_steps_up_to(self.run_dir / replayed, position.step)
         self.train_env = env_factory(config.env, config.env.train_split)
         self.eval_env = env_factory(config.env, config.env.eval_split)
         cfg = config.run
@@ -301,12 +308,6 @@ class Rank0Driver:
         self, steps_done: int, plan: StepPlan, outcome: StepOutcome, trained_version: int
     ) -> None:
         """The step's files: episode errors, per-sequence records, sample trajectories, plots."""
-        from tir_rl.report.run_log import (
-            EPISODE_ERRORS_FILE,
-            append_episode_errors,
-            save_trajectories,
-        )
-
         batch, logprobs = plan.batch, outcome.trainer_logprobs
         append_episode_errors(self.run_dir / EPISODE_ERRORS_FILE, plan.trajectories, steps_done)
         cfg = self.config.run
@@ -326,7 +327,7 @@ class Rank0Driver:
         if cfg.save_trajectories and logprobs is not None:
             keep = plan.in_batch[: cfg.save_trajectories]
             save_trajectories(
-                self.run_dir / "trajectories.jsonl",
+                self.run_dir / TRAJECTORIES_FILE,
                 [plan.trajectories[i] for i in keep],
                 steps_done,
                 trainer_logprobs=[
