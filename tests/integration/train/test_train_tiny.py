@@ -1,5 +1,6 @@
 """End to end on the tiny model: train, checkpoint, resume, eval, doctor (real vLLM, CPU)."""
 
+import asyncio
 import importlib.util
 import json
 from dataclasses import dataclass
@@ -16,9 +17,13 @@ from tir_rl.evaluate import format_table, resolve_checkpoint, run_eval
 from tir_rl.models import prepare_tiny_model
 from tir_rl.report.run_log import load_trajectories, read_metrics
 from tir_rl.report.sequences import SEQUENCES_FILE, read_sequences
-from tir_rl.rl_loop import load_resume_config, run_train
+from tir_rl.rl_loop import load_resume_config, plan_step, run_train
+from tir_rl.rl_loop.step_plan import task_seed
 from tir_rl.run_config import RunConfig
+from tir_rl.runtime import env_factory, open_runtime, task_specs
+from tir_rl.trainer import Trainer
 from tir_rl.trainer.checkpoint import latest_checkpoint
+from tir_rl.trainer.loss import build_policy_loss
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model]
 
@@ -90,13 +95,17 @@ def tiny_config(out_dir, *extra, env_id=FAKE_ENV_ID, engine=LOCAL_ENGINE):
     )
 
 
+TRAINED = (
+    "run.eval_clean_sampler=true",  # without an injection, the run's evaluations count twice
+    "run.plot_every=2",  # plots drawn at step 2, the last (a drawing costs about a tiny step)
+    "rollout.seed=3",  # seeded and every trained episode saved: the loop composed by hand
+    "run.save_trajectories=16",  # must sample and update the same (the last test here)
+)
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    out = tmp_path_factory.mktemp("runs")
-    # Without an injection the run's sampler is the clean one: its evaluations count twice.
-    # plots drawn at step 2, the last (each drawing costs about a tiny step)
-    summary = run_train(tiny_config(out, "run.eval_clean_sampler=true", "run.plot_every=2"))
-    return summary
+    return run_train(tiny_config(tmp_path_factory.mktemp("runs"), *TRAINED))
 
 
 def test_training_writes_readable_run_outputs(trained):
@@ -306,3 +315,53 @@ def test_a_kl_penalty_run_keeps_degenerate_groups_and_resumes_with_its_reference
     assert rows[1]["train/skipped"] == 0.0 and rows[2]["train/skipped"] == 0.0
     assert rows[2]["train/ref_kl"] > 0
     assert rows[2]["sync/parity_max_abs_diff"] < 1e-3
+
+
+def synchronous_reference(config, num_steps: int):
+    """The synchronous loop composed by hand from the same parts: play step s's tasks,
+    update, send the weights; per step the trajectories in the batch and the update."""
+    cfg = config.run
+    trainer = Trainer(
+        config.trainer, loss_fn=build_policy_loss(config.loss), correction_config=config.correction
+    )
+    steps = []
+    with open_runtime(config) as runtime:
+        env = env_factory(config.env, config.env.train_split)
+        for step in range(num_steps):
+            first = step * cfg.tasks_per_step
+            specs = task_specs(
+                env,
+                num_tasks=cfg.tasks_per_step,
+                group_size=cfg.group_size,
+                first_group_id=first,
+                seed_of=lambda i, first=first: task_seed(cfg.seed, first + i),
+            )
+            trajectories = runtime.run_episodes(specs)
+            plan, (work,) = plan_step(trajectories)
+            result = trainer.train_step(work.batch, work.advantages)
+            asyncio.run(
+                runtime.engine.update_weights(trainer.rank0_full_state_dict(), version=step + 1)
+            )
+            steps.append(([trajectories[i] for i in plan.in_batch], result))
+    return steps
+
+
+@pytest.mark.slow
+def test_the_run_samples_the_same_tokens_and_makes_the_same_update_as_the_loop_by_hand(
+    trained, tmp_path
+):
+    """The run (`run.max_staleness` 0, the default: the producer plays step s's groups only
+    after step s - 1's update) against the synchronous loop composed by hand."""
+    reference = synchronous_reference(tiny_config(tmp_path, *TRAINED), 2)
+    saved = load_trajectories(trained.run_dir / "trajectories.jsonl")
+    rows = [r for r in read_metrics(trained.run_dir / "metrics.jsonl") if "train/grad_norm" in r]
+    assert len(rows) == 2
+    for step, (want_trajectories, want) in enumerate(reference, start=1):
+        got = [s.trajectory for s in saved if s.step == step]
+        assert [t.completion_ids for t in got] == [t.completion_ids for t in want_trajectories]
+        assert [t.group_id for t in got] == [t.group_id for t in want_trajectories]
+        assert all(set(t.policy_versions) - {-1} == {step - 1} for t in got)  # on-policy
+        row = rows[step - 1]
+        assert row["train/loss"] == pytest.approx(want.loss, abs=1e-6)
+        assert row["train/grad_norm"] == pytest.approx(want.grad_norm, abs=1e-6)
+        assert row["staleness/lag_max"] == 0.0
