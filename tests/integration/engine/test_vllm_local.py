@@ -202,47 +202,67 @@ def _tokens_so_far(engine: VLLMLocalEngine) -> int:
                default=0)  # fmt: skip
 
 
-# The two cases also cover both ways the weights arrive: a reloaded file, and vLLM's transfer
-# protocol (gloo, the CPU twin of nccl), each landing while a request is in flight.
-@pytest.mark.parametrize(
-    ("clear_kv", "transfer"),
-    [(True, WeightTransfer.FILE), (False, WeightTransfer.GLOO)],
-    ids=["kv_cleared-file", "kv_kept-gloo"],
-)
+def _update_in_flight(engine: VLLMLocalEngine, perturbed_model):
+    """A long request; `perturbed_model`'s weights sent once it has 8 tokens; its result."""
+    version = engine.policy_version
+
+    async def update_mid_request():
+        long = GenerateRequest(prompt_token_ids=PROMPT, max_tokens=MAX_MODEL_LEN - 16)
+        task = asyncio.ensure_future(engine.generate(long))
+        while _tokens_so_far(engine) < 8:
+            await asyncio.sleep(0.005)
+        await engine.update_weights(perturbed_model.state_dict(), version=version + 1)
+        return await task
+
+    result = run(update_mid_request())
+    assert engine.policy_version == version + 1
+    versions = result.policy_versions
+    switch = versions.index(version + 1)
+    assert switch >= 8 and versions == [version] * switch + [version + 1] * (len(versions) - switch)
+    assert result.finish_reason is FinishReason.LENGTH  # the request was not cut
+    return result, switch
+
+
+def _sampled_by_which_weights(result, switch, hf_model, perturbed_model):
+    """Largest |sampled - recomputed| logprob before the switch (old weights) and after it
+    (new weights)."""
+    full = PROMPT + result.token_ids
+    sampled = torch.tensor(result.logprobs)
+    old = transformers_logprobs(hf_model, full)[len(PROMPT) - 1 :]
+    new = transformers_logprobs(perturbed_model, full)[len(PROMPT) - 1 :]
+    before = (old[:switch] - sampled[:switch]).abs().max().item()
+    return before, (new[switch:] - sampled[switch:]).abs().max().item()
+
+
+# The two cases also cover both ways the weights arrive: a reloaded file (the module's engine:
+# the default transfer, KV blocks cleared) and vLLM's transfer protocol (gloo, the CPU twin of
+# nccl), each landing while a request is in flight.
 def test_an_update_in_flight_keeps_the_request_and_labels_each_token_with_its_weights(
-    tiny_model_path, hf_model, perturbed_model, clear_kv, transfer
+    engine, hf_model, perturbed_model
+):
+    assert engine.config.clear_kv_on_update and engine.config.weight_transfer is WeightTransfer.FILE
+    try:
+        result, switch = _update_in_flight(engine, perturbed_model)
+    finally:
+        run(engine.update_weights(hf_model.state_dict()))
+    before, after = _sampled_by_which_weights(result, switch, hf_model, perturbed_model)
+    assert before < 1e-3  # sampled by the old weights
+    assert after < 1e-3  # the context was recomputed with the new weights: exact
+
+
+def test_an_update_in_flight_through_gloo_keeping_the_kv_blocks_mixes_the_weights(
+    tiny_model_path, hf_model, perturbed_model
 ):
     config = VLLMLocalEngine.Config(
         model_path=str(tiny_model_path),
         max_model_len=MAX_MODEL_LEN,
         kv_cache_gib=0.0625,
-        clear_kv_on_update=clear_kv,
-        weight_transfer=transfer,
+        clear_kv_on_update=False,
+        weight_transfer=WeightTransfer.GLOO,
     )
     with VLLMLocalEngine(config) as engine:
         assert engine.policy_version == 0
-
-        async def update_mid_request():
-            long = GenerateRequest(prompt_token_ids=PROMPT, max_tokens=MAX_MODEL_LEN - 16)
-            task = asyncio.ensure_future(engine.generate(long))
-            while _tokens_so_far(engine) < 8:
-                await asyncio.sleep(0.005)
-            await engine.update_weights(perturbed_model.state_dict(), version=1)
-            return await task
-
-        result = run(update_mid_request())
-        assert engine.policy_version == 1
-    versions = result.policy_versions
-    switch = versions.index(1)
-    assert switch >= 8 and versions == [0] * switch + [1] * (len(versions) - switch)
-    assert result.finish_reason is FinishReason.LENGTH  # the request was not cut
-    full = PROMPT + result.token_ids
-    sampled = torch.tensor(result.logprobs)
-    old = transformers_logprobs(hf_model, full)[len(PROMPT) - 1 :]
-    new = transformers_logprobs(perturbed_model, full)[len(PROMPT) - 1 :]
-    assert (old[:switch] - sampled[:switch]).abs().max() < 1e-3  # sampled by the old weights
-    after = (new[switch:] - sampled[switch:]).abs().max().item()
-    if clear_kv:  # the context was recomputed with the new weights: exact
-        assert after < 1e-3
-    else:  # new queries over the old weights' keys and values: a mismatch of its own
-        assert after > 1e-2
+        result, switch = _update_in_flight(engine, perturbed_model)
+    before, after = _sampled_by_which_weights(result, switch, hf_model, perturbed_model)
+    assert before < 1e-3  # sampled by the old weights
+    assert after > 1e-2  # new queries over the old weights' keys and values: a mismatch of its own
