@@ -71,6 +71,8 @@ def test_a_resumed_run_drops_the_records_of_the_steps_it_replays(tmp_path, batch
             step, batch, batch.sampler_logprobs, advantages=None, kept=None, weights=None,
             trained_version=3,
         ))  # fmt: skip
+    with path.open("a") as file:
+        file.write('{"step": 3, "group_id": 0, "adv')  # the line a SIGKILL cut
     keep_steps_up_to(path, 2)
     assert [r.step for r in read_sequences(path)] == [1, 1, 2, 2]
     keep_steps_up_to(tmp_path / "absent.jsonl", 0)  # a fresh run: nothing to cut

@@ -124,12 +124,14 @@ def save_trajectories(
 def keep_steps_up_to(path: Path, step: int) -> None:
     """Drop the lines of steps after `step` from the JSON-lines file `path`; atomic.
 
-    A resumed run replays the steps after its checkpoint and writes their lines again.
+    A resumed run replays the steps after its checkpoint and writes their lines again. A
+    last line without its newline was cut by the kill that ended the run: it goes too.
     """
     if not path.is_file():
         return
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+    whole = [line for line in lines if line.endswith("\n") and line.strip()]
+    kept = [line for line in whole if json.loads(line)["step"] <= step]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(kept), encoding="utf-8")
     tmp.replace(path)
