@@ -125,13 +125,25 @@ def keep_steps_up_to(path: Path, step: int) -> None:
     """Drop the lines of steps after `step` from the JSON-lines file `path`; atomic.
 
     A resumed run replays the steps after its checkpoint and writes their lines again. A
-    last line without its newline was cut by the kill that ended the run: it goes too.
+    last line without its newline was cut by the kill that ended the run: it goes too, and
+    so does a line that is not a row with an int step (skipped with a warning, as
+    `read_metrics` skips it). Lines kept are kept as written.
     """
     if not path.is_file():
         return
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    whole = [line for line in lines if line.endswith("\n") and line.strip()]
-    kept = [line for line in whole if json.loads(line)["step"] <= step]
+    kept = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip() or not line.endswith("\n"):
+            continue
+        try:
+            row_step = json.loads(line).get("step")
+        except (json.JSONDecodeError, AttributeError):
+            row_step = None
+        if not isinstance(row_step, int):
+            warnings.warn(f"{path}:{number}: dropping a line without an int step", stacklevel=2)
+        elif row_step <= step:
+            kept.append(line)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(kept), encoding="utf-8")
     tmp.replace(path)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tir_rl.errors import ConfigError
-from tir_rl.report.run_log import METRICS_FILE, finite_or_none, read_metrics
+from tir_rl.report.run_log import METRICS_FILE, finite_or_none, keep_steps_up_to
 
 TENSORBOARD_DIR = "tensorboard"
 
@@ -101,7 +101,7 @@ class JsonlSink:
         self.path = Path(run_dir) / METRICS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_after_step is not None and self.path.exists():
-            _truncate_after(self.path, resume_after_step)
+            keep_steps_up_to(self.path, resume_after_step)
         self._file = self.path.open("a", encoding="utf-8")
 
     @property
@@ -178,13 +178,3 @@ class TensorBoardSink:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-
-
-def _truncate_after(path: Path, step: int) -> None:
-    """Rewrite `path` keeping rows with `step <= step` (atomically)."""
-    kept = [row for row in read_metrics(path) if row["step"] <= step]
-    tmp = path.with_suffix(".jsonl.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for row in kept:
-            f.write(json.dumps(finite_or_none(row), allow_nan=False) + "\n")
-    tmp.replace(path)
