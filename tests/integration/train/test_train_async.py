@@ -53,7 +53,6 @@ class InterruptedRun:
     engines_after_ctrl_c: list[str]
     """The run's engine processes 30 s after its Ctrl-C exit (none expected)."""
     ctrl_c_checkpoint: int
-    killed_in_step: int
     engine_at_kill: list[str]
     engines_after_kill: list[str]
     """The killed run's engine processes 10 s after the SIGKILL (none expected)."""
@@ -154,7 +153,6 @@ def interrupted_run(tmp_path_factory) -> InterruptedRun:
         ctrl_c_exit=ctrl_c_exit,
         engines_after_ctrl_c=engines_after_ctrl_c,
         ctrl_c_checkpoint=ctrl_c_checkpoint,
-        killed_in_step=killed_in_step,
         engine_at_kill=engine_at_kill,
         engines_after_kill=engines_after_kill,
         checkpoint_after_kill=checkpoint_after_kill,
