@@ -3,7 +3,7 @@
 Some runs are one node with two ranks, the others two "nodes" of one rank each: two torchrun
 launches on this machine joined through a static rendezvous at node 0, as `--nnodes 2` runs
 on a cluster. The two-node runs are the plain run, and the Ctrl-C (to node 0 only, as a
-terminal's) followed by `--resume`.
+terminal's) followed by `--resume`, in which node 1's rank is killed.
 """
 
 from __future__ import annotations
@@ -250,11 +250,12 @@ ASYNC = ("run.max_staleness=2", "rollout.seed=null")
 
 @pytest.fixture(scope="module")
 def interrupted(tmp_path_factory) -> tuple[Path, list[RankOutcome]]:
-    """The two-node run of `run_dir` made asynchronous (k = 2), Ctrl-C'd once step 1 is
-    logged: SIGINT to node 0's process group only, as a terminal's Ctrl-C on node 0."""
+    """The two-node run of `run_dir` made asynchronous (k = 2) and one step longer, Ctrl-C'd
+    once step 1 is logged: SIGINT to node 0's process group only, as a terminal's Ctrl-C on
+    node 0."""
     out = tmp_path_factory.mktemp("interrupted")
     # Rank 0 holds before step 2 until told the signal is out: a fast step 2 cannot slip in.
-    launches = _start(out, *ASYNC, nodes=True, TIR_TEST_HOLD_BEFORE_STEP="2")
+    launches = _start(out, *ASYNC, "run.steps=3", nodes=True, TIR_TEST_HOLD_BEFORE_STEP="2")
     metrics = out / "fsdp2_cpu" / "metrics.jsonl"
     deadline = time.monotonic() + 480
     while launches[0].poll() is None and time.monotonic() < deadline:
@@ -281,49 +282,70 @@ def test_ctrl_c_checkpoints_and_every_rank_exits_cleanly(interrupted):
     _assert_no_engine_left(outcomes)
 
 
-def test_resume_after_ctrl_c_trains_the_tasks_the_uninterrupted_run_trains(run_dir, interrupted):
+@dataclass
+class KilledResume:
+    run_dir: Path
+    outcomes: list[RankOutcome]
+    launches: list[subprocess.Popen]
+    seconds_to_end: float
+    """From the SIGKILL to both nodes' end."""
+
+
+@pytest.fixture(scope="module")
+def resumed_then_killed(interrupted) -> KilledResume:
+    """`interrupted` resumed on two nodes with a checkpoint every step; once step 2's is on
+    disk, SIGKILL to rank 1 (node 1) while rank 0 holds before step 3."""
     out, _ = interrupted
-    resumed_dir = out / "fsdp2_cpu"
-    outcomes = _finish(_start(out, resume=resumed_dir, nodes=True), out)
-    logs = _logs(outcomes)
-    assert [o.exit_code for o in outcomes] == [0, 0], logs
-    rows = _train_rows(resumed_dir)
-    assert [r["step"] for r in rows] == [1, 2]
-    assert all(math.isfinite(r["train/loss"]) and r["staleness/lag_max"] <= 2 for r in rows)
-    # The groups in flight at Ctrl-C were played again: step 2 trains on the same tasks as
-    # the synchronous run's step 2 (their tokens differ: other weights sampled them).
-    resumed = torch.load(resumed_dir / "trajectories_step2.pt", weights_only=False)
-    straight = torch.load(run_dir / "trajectories_step2.pt", weights_only=False)
-    assert [t.group_id for t in resumed] == [t.group_id for t in straight]
-    _assert_no_engine_left(outcomes)
-
-
-def test_a_rank_killed_on_node_1_ends_both_nodes_with_the_resume_command(tmp_path):
-    """SIGKILL to rank 1 (node 1) once step 1's checkpoint is on disk: node 0 must not hang
-    on its next collective, no engine may outlive it, and the checkpoint must be there to
-    resume from (resuming on two nodes is `test_resume_after_ctrl_c_...`'s; once run here
-    too, it finished the run, but cost about 90 s of CI)."""
-    launches = _start(tmp_path, "run.checkpoint_every=1", nodes=True)
-    run_dir = tmp_path / "fsdp2_cpu"
-    pid_file = tmp_path / "ranks" / "rank1.pid"
+    run_dir = out / "fsdp2_cpu"
+    ranks = out / "ranks"
+    for stale in [ranks / "interrupt_sent", *ranks.glob("rank*.pid")]:
+        stale.unlink()
+    launches = _start(
+        out, "run.checkpoint_every=1", resume=run_dir, nodes=True, TIR_TEST_HOLD_BEFORE_STEP="3"
+    )
+    pid_file = ranks / "rank1.pid"
     deadline = time.monotonic() + 480
     while time.monotonic() < deadline and all(p.poll() is None for p in launches):
-        if latest_checkpoint(run_dir) is not None and pid_file.exists():
+        ckpt = latest_checkpoint(run_dir)
+        if ckpt is not None and ckpt.name == "step_2" and pid_file.exists():
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            (ranks / "interrupt_sent").touch()
             break
         time.sleep(0.2)
     else:
-        pytest.fail("no checkpoint within 480 s, or a node ended first")
+        pytest.fail("no step 2 checkpoint within 480 s, or a node ended first")
     killed_at = time.monotonic()
-    outcomes = _finish(launches, tmp_path, timeout_s=180)
+    outcomes = _finish(launches, out, timeout_s=180)
+    return KilledResume(run_dir, outcomes, launches, time.monotonic() - killed_at)
+
+
+def test_resume_after_ctrl_c_trains_the_tasks_the_uninterrupted_run_trains(
+    run_dir, resumed_then_killed
+):
+    resumed = resumed_then_killed
+    rows = _train_rows(resumed.run_dir)
+    assert [r["step"] for r in rows] == [1, 2], _logs(resumed.outcomes)
+    assert all(math.isfinite(r["train/loss"]) and r["staleness/lag_max"] <= 2 for r in rows)
+    # The groups in flight at Ctrl-C were played again: step 2 trains on the same tasks as
+    # the synchronous run's step 2 (their tokens differ: other weights sampled them).
+    replayed = torch.load(resumed.run_dir / "trajectories_step2.pt", weights_only=False)
+    straight = torch.load(run_dir / "trajectories_step2.pt", weights_only=False)
+    assert [t.group_id for t in replayed] == [t.group_id for t in straight]
+
+
+def test_a_rank_killed_on_node_1_ends_both_nodes_with_the_resume_command(resumed_then_killed):
+    """Rank 1 was SIGKILLed before step 3 of the resumed run: node 0 must not hang on its
+    next collective, no engine may outlive it, and the checkpoint must be there to resume
+    from."""
+    killed = resumed_then_killed
+    outcomes, run_dir = killed.outcomes, killed.run_dir
     logs = _logs(outcomes)
-    assert time.monotonic() - killed_at < 170, logs  # node 0 noticed; it did not sit on a timeout
+    assert killed.seconds_to_end < 170, logs  # node 0 noticed; it did not sit on a timeout
     assert outcomes[1].exit_code is None, logs  # rank 1 never returned
-    assert outcomes[0].exit_code == 2 and all(p.returncode != 0 for p in launches), logs
+    assert outcomes[0].exit_code == 2 and all(p.returncode != 0 for p in killed.launches), logs
     _assert_no_engine_left(outcomes)
     # Rank 0 says what happened and what to do, once its engine is closed.
     (error,) = [x for x in outcomes[0].log.splitlines() if x.startswith("tir-rl train: error:")]
     assert "another rank of this 2-rank job stopped answering" in error, logs
     assert f"tir-rl train --resume {run_dir}" in error, logs
-    assert [r["step"] for r in _train_rows(run_dir)] == [1], logs  # killed before step 2
-    assert latest_checkpoint(run_dir).name == "step_1", logs
+    assert latest_checkpoint(run_dir).name == "step_2", logs
