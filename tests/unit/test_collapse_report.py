@@ -327,3 +327,16 @@ def test_long_runs_get_the_early_mismatch_by_turn_and_tool_distance(tmp_path):
     short.mkdir()
     _write_run(short, "uncorrected_s0", [0.5, 0.5], [1.0, 1.0])
     assert early_mismatch_by_position(load_runs(short)) == ""
+
+
+def test_the_longest_stretch_near_zero_reward_is_found_and_a_gap_in_the_steps_breaks_it(tmp_path):
+    from collapse_lab.stabilizers_report import longest_low_stretch
+
+    rewards = [0.5, 0.0, 0.0, 0.5, 0.05, 0.0, 0.09, 0.5]  # steps 1-8: stretches of 2 and 3
+    _write_run(tmp_path, "raw_preset_s1", rewards, [1.0] * len(rewards))
+    (run,) = load_runs(tmp_path)
+    assert longest_low_stretch(run) == (5, 3)
+    run.rows = [r for r in run.rows if r["step"] != 6]  # steps 5 and 7, not consecutive
+    assert longest_low_stretch(run) == (2, 2)
+    run.rows = [r for r in run.rows if r["rollout/reward_mean"] >= 0.1]
+    assert longest_low_stretch(run) is None

@@ -33,7 +33,7 @@ from collapse_lab.report import (
 )
 from collapse_lab.report import _heldout as heldout_points
 from collapse_lab.settings import STABILIZER_ARMS, STABILIZER_CAUSES
-from collapse_lab.verdict import values_by_step
+from collapse_lab.verdict import REWARD_KEY, values_by_step
 from tir_rl.report.eval_stats import Estimate, bootstrap_seeds_and_tasks
 
 FAILED = ("collapsed", "degraded")
@@ -101,15 +101,44 @@ def _pooled_final(group: list[Run]) -> str:
     return str(bootstrap_seeds_and_tasks(pooled))
 
 
+LOW_REWARD = 0.1
+LOW_STRETCH_STEPS = 10
+"""A run that recovered is shown with its longest stretch of at least this many steps at a
+training reward below `LOW_REWARD`: the verdict names only its first dip, and a collapse of
+the training curve that came back is still one (descriptive; the plan's rule ignores it)."""
+
+
+def longest_low_stretch(run: Run) -> tuple[int, int] | None:
+    """(first step, length) of the longest run of consecutive steps whose training reward is
+    below `LOW_REWARD`, or None without any such step."""
+    rewards = values_by_step(run.rows, REWARD_KEY)
+    best: tuple[int, int] | None = None
+    start, previous = None, None
+    for step in sorted(rewards):
+        if rewards[step] >= LOW_REWARD:
+            start = None
+        elif start is None or previous != step - 1:
+            start = step
+        if start is not None and (best is None or step - start + 1 > best[1]):
+            best = (start, step - start + 1)
+        previous = step
+    return best
+
+
 def _seed_outcome(run: Run) -> str:
     """The held-out outcome, with the training curve's collapse step: persisting, or a dip
-    it recovered from (which the plan does not count as a failure, but the table shows)."""
+    it recovered from (which the plan does not count as a failure, but the table shows), and
+    a long stretch at a reward near 0 that a recovered run came back from."""
     text = outcome(run)
     step = run.verdict.collapse_step
     if run.verdict.persisting:
         return f"{text} ({step})"
     if run.verdict.collapsed and step is not None:
-        return f"{text}, dipped at {step} and recovered"
+        text = f"{text}, dipped at {step} and recovered"
+    stretch = longest_low_stretch(run)
+    if stretch is not None and stretch[1] >= LOW_STRETCH_STEPS:
+        first, length = stretch
+        text = f"{text}, training reward < {LOW_REWARD} for {length} steps from {first}"
     return text
 
 
